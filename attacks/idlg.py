@@ -1,0 +1,126 @@
+"""iDLG label recovery (Zhao, Mopuri, Bilen 2020, arXiv:2001.02610) and the batch label strategies.
+
+For cross entropy, the last layer's logit gradient is p - onehot(y): at batch size 1 the true class is the only
+negative entry, so the row of the last-layer weight gradient with the smallest row sum is the label (when that
+layer's inputs are non-negative, as after ReLU or sigmoid). The other attacks reuse `recover_labels`.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from gleak.errors import UnsupportedCase
+from gleak.models import last_linear
+from gleak.plugin import Attack
+from gleak.registry import register_attack
+from gleak.threat import Knowledge, Observation, Reconstruction, Update
+
+LabelStrategy = Literal["idlg", "bias-sign", "row-sign", "count-aware"]
+STRATEGIES: tuple[str, ...] = ("idlg", "bias-sign", "row-sign", "count-aware")
+
+
+def last_layer_grads(update: Update, model: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """(dW, db) of the model's last nn.Linear, read from the update by parameter name."""
+    found = last_linear(model)
+    if found is None:
+        raise UnsupportedCase("label recovery needs a final nn.Linear layer")
+    name, layer = found
+    prefix = f"{name}." if name else ""
+    dw = update.tensors.get(f"{prefix}weight")
+    if dw is None:
+        raise UnsupportedCase(f"update has no gradient for {prefix}weight")
+    db = update.tensors.get(f"{prefix}bias") if layer.bias is not None else None
+    return dw, db
+
+
+def _take(order: Tensor, chosen: Tensor, batch_size: int) -> Tensor:
+    """`chosen` classes (in `order` of confidence) cut or cycled to exactly batch_size labels."""
+    if len(chosen) == 0:
+        chosen = order[:1]
+    reps = -(-batch_size // len(chosen))
+    return chosen.repeat(reps)[:batch_size]
+
+
+def _mean_probabilities(model: nn.Module, knowledge: Knowledge, rng: torch.Generator) -> Tensor:
+    """The attacker's estimate of the model's mean softmax output on client-like data."""
+    if knowledge.public_x is not None:
+        x = knowledge.public_x[:64]
+    else:  # no public data: dummy inputs, the estimate the count-aware literature uses for untrained models
+        x = torch.randn((64, *knowledge.input_shape), generator=rng, dtype=next(model.parameters()).dtype)
+    with torch.no_grad():
+        return torch.softmax(model(x.to(next(model.parameters()).dtype)), dim=-1).mean(0)
+
+
+def recover_labels(
+    update: Update,
+    model: nn.Module,
+    knowledge: Knowledge,
+    batch_size: int,
+    strategy: str = "idlg",
+    rng: torch.Generator | None = None,
+) -> Tensor:
+    """Labels of the batch behind `update` (a FedSGD gradient), as a (batch_size,) tensor.
+
+    idlg: the classes with the smallest last-layer weight row sums (exactly iDLG at batch size 1).
+    bias-sign: classes whose last-layer bias gradient is negative, most negative first.
+    row-sign: classes whose weight row sum is negative (the row-sum sign count), most negative first.
+    count-aware: per-class counts from db_c = mean_p_c - n_c / B, with mean_p estimated by running the model on
+        public data (or dummy inputs); rounded so that the counts sum to the batch size.
+    When a sign strategy finds fewer classes than the batch size, the found classes are repeated.
+    """
+    dw, db = last_layer_grads(update, model)
+    row_sums = dw.double().sum(dim=1)
+    if strategy == "idlg":
+        order = torch.argsort(row_sums)
+        return _take(order, order, batch_size)
+    if strategy in ("bias-sign", "count-aware") and db is None:
+        raise UnsupportedCase(f"label strategy {strategy!r} needs a bias on the last layer")
+    if strategy == "bias-sign":
+        order = torch.argsort(db.double())
+        return _take(order, order[db.double()[order] < 0], batch_size)
+    if strategy == "row-sign":
+        order = torch.argsort(row_sums)
+        return _take(order, order[row_sums[order] < 0], batch_size)
+    if strategy == "count-aware":
+        gen = rng if rng is not None else torch.Generator().manual_seed(0)
+        p = _mean_probabilities(model, knowledge, gen).double()
+        est = (batch_size * (p - db.double())).clamp_min(0)
+        counts = est.floor().long()
+        # Hand the remaining labels to the classes with the largest fractional parts (largest remainder).
+        rest = batch_size - int(counts.sum())
+        if rest > 0:
+            counts[torch.argsort(est - counts, descending=True)[:rest]] += 1
+        elif rest < 0:
+            for c in torch.argsort(est - counts):
+                while rest < 0 and counts[c] > 0:
+                    counts[c] -= 1
+                    rest += 1
+        return torch.repeat_interleave(torch.arange(len(counts)), counts)
+    raise ValueError(f"unknown label strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+
+
+@register_attack("idlg")
+class IDLG(Attack):
+    """iDLG label recovery from the last layer's gradient (Zhao et al. 2020); batch strategies as options.
+
+    Parameters
+    ----------
+    labels: which rule reads the labels. "idlg" (default, the paper's rule: smallest row sum of the last-layer
+        weight gradient), "bias-sign", "row-sign" or "count-aware" (see `recover_labels`). iDLG's 100% claim holds
+        for per-sample gradients (batch size 1); the others are batch extensions, not from the paper.
+    Returns labels only: the image columns of its trials are empty.
+    """
+
+    needs = frozenset({"architecture", "parameters", "batch_size"})
+
+    def __init__(self, labels: LabelStrategy = "idlg"):
+        if labels not in STRATEGIES:
+            raise ValueError(f"labels must be one of {STRATEGIES}, got {labels!r}")
+        self.labels = labels
+
+    def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
+        k = observation.knowledge
+        y = recover_labels(observation.update, observation.model, k, k.batch_size or 1, self.labels, rng)
+        return Reconstruction(x=None, y=y)

@@ -1,0 +1,10 @@
+"""The undefended baseline."""
+from __future__ import annotations
+
+from gleak.plugin import Defense
+from gleak.registry import register_defense
+
+
+@register_defense("none")
+class NoDefense(Defense):
+    """No defense: the observer sees the client's update as computed."""

@@ -1,0 +1,5 @@
+import sys
+
+from gleak.cli import main
+
+sys.exit(main())

@@ -1,0 +1,169 @@
+"""The `gleak` command line.
+
+    gleak run [SUITE] [--out DIR] [--workers N] [--plugin FILE]   run a suite (default: suites/quick.toml)
+    gleak leaderboard DIR                                         regenerate results.csv and the leaderboards
+    gleak list [attacks|defenses|models|datasets|suites] [PATTERN]
+    gleak check-plugin NAME_OR_FILE [--kind attack|defense]
+
+Exit status: 0 when every trial ran, 1 when some trials failed (their rows say why), 2 on bad input (nothing run,
+nothing stored changed).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from gleak.errors import InputError
+
+EXIT_OK, EXIT_FAILED_TRIALS, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _load_plugins(files: list[str] | None) -> None:
+    from gleak.registry import load_plugin_file
+
+    for f in files or []:
+        load_plugin_file(f)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gleak.runner import run_suite
+    from gleak.suite import find_suite, load_suite
+
+    _load_plugins(args.plugin)
+    path = find_suite(args.suite)
+    suite = load_suite(path)  # validates everything (plugins, parameters, data) before the folder is touched
+    out = Path(args.out) if args.out else Path("results") / suite.name
+    if args.workers < 1:
+        raise InputError(f"--workers must be >= 1, got {args.workers}")
+    if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
+        raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
+    print(f"gleak: suite {suite.name!r} from {path}: {len(suite.trials)} trials -> {out}/", file=sys.stderr)
+    t0 = time.perf_counter()
+    summary = run_suite(suite, out, workers=args.workers, progress=not args.no_progress, lpips_weights=args.lpips_backbone)
+    dt = time.perf_counter() - t0
+    print(
+        f"gleak: {summary.ran} trials run, {summary.skipped} already stored, {summary.failed} failed, {dt:.1f} s",
+        file=sys.stderr,
+    )
+    print(f"leaderboard: {out / 'leaderboard.md'}")
+    print(f"results:     {out / 'results.csv'}")
+    return summary.exit_code
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from gleak.report import write_reports
+
+    paths = write_reports(args.dir)
+    for p in paths.values():
+        print(p)
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from gleak import registry
+
+    what = args.what
+    if what in ("attacks", "defenses", "models", "attack", "defense", "model"):
+        kind = what.rstrip("s")
+        names = registry.list_plugins(kind, args.pattern)
+        width = max((len(n) for n in names), default=0)
+        for n in names:
+            print(f"{n:<{width}}  {registry.plugin_info(kind, n).summary}")
+    elif what == "datasets":
+        from gleak.data import SUMMARIES
+
+        for n, s in SUMMARIES.items():
+            print(f"{n:<14} {s}")
+    elif what == "suites":
+        import tomllib
+        from importlib import resources
+
+        files = {f.name: f for f in resources.files("gleak.suites").iterdir() if f.name.endswith(".toml")}
+        if Path("suites").is_dir():
+            files.update({f.name: f for f in Path("suites").glob("*.toml")})
+        for name in sorted(files):
+            meta = tomllib.loads(files[name].read_text()).get("suite", {})
+            desc = (meta.get("description") or "").strip().splitlines()
+            print(f"{name[:-5]:<20} {desc[0] if desc else ''}")
+    else:
+        raise InputError(f"gleak list: unknown {what!r} (attacks, defenses, models, datasets, suites)")
+    return EXIT_OK
+
+
+def cmd_check_plugin(args: argparse.Namespace) -> int:
+    from gleak import registry
+    from gleak.conformance import check_plugin
+
+    target = args.target
+    if target.endswith(".py") or Path(target).is_file():
+        pairs = [p for p in registry.load_plugin_file(target) if p[0] in ("attack", "defense")]
+        if not pairs:
+            raise InputError(f"{target}: registers no attack or defense")
+    else:
+        kinds = [args.kind] if args.kind else ["attack", "defense"]
+        pairs = [(k, target) for k in kinds if target in registry.list_plugins(k)]
+        if not pairs:
+            import difflib
+
+            from gleak.errors import UnknownPluginError
+
+            known = [n for k in kinds for n in registry.list_plugins(k)]
+            close = difflib.get_close_matches(target, known, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise UnknownPluginError(f"unknown {' or '.join(kinds)} {target!r}{hint} (known: {', '.join(sorted(known))})")
+    failed = 0
+    for kind, name in pairs:
+        print(f"{kind} {name}:")
+        for c in check_plugin(kind, name):
+            failed += not c.passed
+            mark = "PASS" if c.passed else "FAIL"
+            print(f"  {mark}  {c.name}" + (f" ({c.detail})" if c.detail else ""))
+    print("all checks passed" if not failed else f"{failed} check(s) failed")
+    return EXIT_OK if not failed else EXIT_FAILED_TRIALS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gleak", description="Benchmark gradient-leakage attacks and defenses.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a suite and write its leaderboard")
+    r.add_argument("suite", nargs="?", help="suite file or shipped suite name (default: quick)")
+    r.add_argument("--out", help="output folder (default: results/<suite name>/)")
+    r.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
+    r.add_argument("--plugin", action="append", help="a Python file that registers plugins (repeatable)")
+    r.add_argument("--lpips-backbone", help="AlexNet ImageNet weights file for LPIPS")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_run)
+
+    lb = sub.add_parser("leaderboard", help="regenerate results.csv and leaderboards of an output folder")
+    lb.add_argument("dir")
+    lb.set_defaults(func=cmd_leaderboard)
+
+    ls = sub.add_parser("list", help="list attacks, defenses, models, datasets or suites")
+    ls.add_argument("what", nargs="?", default="attacks")
+    ls.add_argument("pattern", nargs="?", default="*", help="shell-style wildcard, e.g. '*dlg*'")
+    ls.set_defaults(func=cmd_list)
+
+    cp = sub.add_parser("check-plugin", help="conformance check of a plugin (a registered name or a .py file)")
+    cp.add_argument("target")
+    cp.add_argument("--kind", choices=["attack", "defense"])
+    cp.set_defaults(func=cmd_check_plugin)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as exc:
+        print(f"gleak: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("gleak: interrupted; finished trials are stored, rerun to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Trial configuration: the case (data, model, protocol) and one trial (case x attack x defense x seed).
+
+A trial's result is a function of its TrialConfig alone; `trial_id` is a hash of all of it (suite name excluded,
+so two suites that ask for the same trial share it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# Bump when a change to gleak alters what an existing config computes, so that stored results are not reused.
+TRIAL_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class CaseConfig:
+    """Everything about a trial except the attack, the defense and the seed. Keys of a suite's [case] table."""
+
+    dataset: str = "skimage"
+    model: str = "mlp"
+    model_params: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 1
+    resolution: int | None = None  # resize images to resolution x resolution
+    channels: int | None = None  # convert to 1 (grey) or 3 (RGB) channels
+    dtype: Literal["float32", "float64"] = "float32"
+    data_root: str | None = None
+    download: bool = False
+    distinct_labels: bool = False  # draw batches with no repeated label
+    clients: int = 1  # clients in the attacked round; the victim is client 0
+    update: Literal["fedsgd", "fedavg"] = "fedsgd"
+    local_steps: int = 1  # fedavg only
+    local_lr: float = 0.1  # fedavg only
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+CASE_FIELDS = {f.name: f for f in dataclasses.fields(CaseConfig)}
+
+
+def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
+    """(key, problem) pairs for values that have the right type but are out of range."""
+    problems = []
+    if case.batch_size < 1:
+        problems.append(("batch_size", f"must be >= 1, got {case.batch_size}"))
+    if case.clients < 1:
+        problems.append(("clients", f"must be >= 1, got {case.clients}"))
+    if case.resolution is not None and case.resolution < 4:
+        problems.append(("resolution", f"must be >= 4, got {case.resolution}"))
+    if case.channels not in (None, 1, 3):
+        problems.append(("channels", f"must be 1 or 3, got {case.channels}"))
+    if case.local_steps < 1:
+        problems.append(("local_steps", f"must be >= 1, got {case.local_steps}"))
+    return problems
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    suite: str
+    attack: str
+    attack_params: dict[str, Any]
+    defense: str
+    defense_params: dict[str, Any]
+    case: CaseConfig
+    seed: int
+
+    def identity(self) -> dict[str, Any]:
+        """What the trial computes: everything but the suite's name."""
+        return {
+            "format": TRIAL_FORMAT,
+            "attack": self.attack,
+            "attack_params": self.attack_params,
+            "defense": self.defense,
+            "defense_params": self.defense_params,
+            "case": self.case.to_dict(),
+            "seed": self.seed,
+        }
+
+    @property
+    def trial_id(self) -> str:
+        blob = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_json(self) -> str:
+        return json.dumps({"suite": self.suite, **self.identity()}, sort_keys=True, default=str)
+
+    @staticmethod
+    def from_json(text: str) -> "TrialConfig":
+        d = json.loads(text)
+        return TrialConfig(
+            d["suite"], d["attack"], d["attack_params"], d["defense"], d["defense_params"], CaseConfig(**d["case"]), d["seed"]
+        )
+
+
+@dataclass(frozen=True)
+class UtilityConfig:
+    """Keys of a suite's [utility] table: federated training on real data, the defense on every client's update,
+    test accuracy against the same training without it."""
+
+    dataset: str = "fashion-mnist"
+    model: str = "mlp"
+    model_params: dict[str, Any] = field(default_factory=dict)
+    data_root: str | None = None
+    resolution: int | None = None
+    channels: int | None = None
+    algorithm: Literal["fedsgd", "fedavg"] = "fedsgd"
+    clients: int = 10  # clients per round
+    rounds: int = 200
+    lr: float = 0.1
+    batch_size: int = 32  # per client and round (fedsgd) or per local step (fedavg)
+    local_steps: int = 1  # fedavg only
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def derive_seed(seed: int, purpose: str) -> int:
+    """An independent 63-bit seed for one purpose (data, model, defense, attack) of a trial."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{purpose}".encode()).digest()[:8], "big") >> 1
+
+
+def generator(seed: int, purpose: str):
+    import torch
+
+    return torch.Generator().manual_seed(derive_seed(seed, purpose))

@@ -1,0 +1,114 @@
+"""Models the attacks run against. Each is a factory registered with `register_model`.
+
+    create_model("lenet", input_shape=(3, 32, 32), num_classes=10, seed=0)
+    list_plugins("model")
+
+Factories take ``(input_shape, num_classes, **params)``; `create_model` builds them under a fixed seed so that a
+trial's model is a function of its config and seed alone.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+
+from gleak.registry import create, register_model
+
+
+def create_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0, dtype: torch.dtype = torch.float32, **params
+) -> nn.Module:
+    """Build model `name` deterministically: same (name, shape, classes, params, seed) -> same weights."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = create("model", name, tuple(input_shape), int(num_classes), **params)
+    return model.to(dtype)
+
+
+def first_linear(model: nn.Module) -> tuple[str, nn.Linear] | None:
+    """The first trainable layer if it is an nn.Linear, with its qualified name; else None."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            return name, module
+        if any(p.requires_grad for p in module.parameters(recurse=False)):
+            return None  # the first trainable layer is something else (a convolution, say)
+    return None
+
+
+def last_linear(model: nn.Module) -> tuple[str, nn.Linear] | None:
+    found = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            found = (name, module)
+    return found
+
+
+def _flat_dim(input_shape: tuple[int, ...]) -> int:
+    return int(math.prod(input_shape))
+
+
+@register_model("linear")
+def linear(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    init: Literal["torch", "normal"] = "torch",
+    init_std: float = 0.5,
+) -> nn.Module:
+    """One linear layer with bias on the flattened input (seed 002's setting; init='normal' draws W, b ~ N(0, init_std))."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(_flat_dim(input_shape), num_classes))
+    if init == "normal":
+        for p in model.parameters():
+            nn.init.normal_(p, 0.0, init_std)
+    return model
+
+
+@register_model("mlp")
+def mlp(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    hidden: list[int] = [256],  # noqa: B006 - read only; a list so that TOML can set it
+    activation: Literal["relu", "sigmoid", "tanh"] = "relu",
+) -> nn.Module:
+    """Fully connected network on flattened input, first layer Linear with bias (CGD's 256-unit ReLU FNN by default)."""
+    act = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}[activation]
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = _flat_dim(input_shape)
+    for h in hidden:
+        layers += [nn.Linear(width, int(h)), act()]
+        width = int(h)
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+class DLGLeNet(nn.Module):
+    """The LeNet of DLG's released code: three 5x5 sigmoid convolutions then one linear layer."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        c, h, w = input_shape
+        self.body = nn.Sequential(
+            nn.Conv2d(c, 12, 5, padding=2, stride=2),
+            nn.Sigmoid(),
+            nn.Conv2d(12, 12, 5, padding=2, stride=2),
+            nn.Sigmoid(),
+            nn.Conv2d(12, 12, 5, padding=2, stride=1),
+            nn.Sigmoid(),
+        )
+        with torch.no_grad():
+            flat = self.body(torch.zeros(1, c, h, w)).numel()
+        self.fc = nn.Linear(flat, num_classes)  # 768 at 32x32, as in DLG
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x).flatten(1))
+
+
+@register_model("lenet")
+def lenet(input_shape: tuple[int, ...], num_classes: int, init: Literal["dlg", "torch"] = "dlg") -> nn.Module:
+    """DLG's LeNet (Zhu et al. 2019, mit-han-lab/dlg): sigmoid convs; init='dlg' sets every weight and bias U(-0.5, 0.5)."""
+    model = DLGLeNet(input_shape, num_classes)
+    if init == "dlg":
+        for p in model.parameters():
+            nn.init.uniform_(p, -0.5, 0.5)
+    return model

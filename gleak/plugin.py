@@ -1,0 +1,84 @@
+"""Base classes of the two plugin kinds.
+
+Parameters are stored as given (scikit-learn style) and validated in ``__init__`` by the plugin itself, so that
+a suite is checked completely before any trial runs. All randomness comes from the generator passed in.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from gleak.threat import Knowledge, Observation, Reconstruction, Update
+
+
+class Plugin:
+    """Shared behaviour: `get_params`, a readable repr, and the registered name."""
+
+    registered_name: ClassVar[str] = ""
+    # Parameters that keep `gleak check-plugin` fast (for example fewer iterations); merged over the defaults.
+    conformance_params: ClassVar[dict[str, Any]] = {}
+
+    def get_params(self) -> dict[str, Any]:
+        sig = inspect.signature(type(self).__init__)
+        return {
+            name: getattr(self, name)
+            for name, p in sig.parameters.items()
+            if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and hasattr(self, name)
+        }
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+
+class Attack(Plugin):
+    """An observer that reconstructs private data from what crosses the wire.
+
+    needs: the knowledge the attack requires (keys of gleak.threat.KNOWLEDGE). The observation it receives holds
+    exactly these and nothing more.
+    active: True when the attack modifies the model before the client computes its update (`prepare`).
+    """
+
+    needs: ClassVar[frozenset[str]] = frozenset({"architecture", "parameters"})
+    active: ClassVar[bool] = False
+
+    def prepare(self, model: nn.Module, knowledge: Knowledge, rng: torch.Generator) -> nn.Module:
+        """Active attacks return the model the server sends to the client (a new module). Passive: unchanged."""
+        return model
+
+    def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
+        raise NotImplementedError
+
+
+class Defense(Plugin):
+    """A client-side transform of an update, a protocol that changes what the observer sees, or both.
+
+    transform: applied by each client to its own update before sending (quantize, noise, prune). It may keep state
+        across rounds (error feedback); `reset` clears it. Must not modify its input.
+    observe: given the transformed updates of all clients in a round (the victim first), return what the observer
+        sees. The default is the victim's own update (a server that sees each client's update).
+    """
+
+    stateful: ClassVar[bool] = False
+
+    def reset(self) -> None:
+        """Forget state kept across rounds (called once per client before its first round)."""
+
+    def transform(self, update: Update, rng: torch.Generator) -> Update:
+        return update
+
+    def observe(self, updates: list[Update], rng: torch.Generator) -> Update:
+        return updates[0]
+
+    def epsilon(self, *, delta: float, sample_rate: float, steps: int) -> float | None:
+        """The (epsilon, delta)-DP guarantee of this defense where one is defined, else None."""
+        return None
+
+    def train_utility(self, config: Any, train: Any, test: Any, rng: torch.Generator) -> dict[str, Any] | None:
+        """Protocol defenses that replace federated training altogether (CGD's confined models) train here, given a
+        gleak.config.UtilityConfig and the train/test ImageDatasets, and return at least {"accuracy": float}.
+        The default, None, means: the standard federated loop, with `transform` on every client's update."""
+        return None

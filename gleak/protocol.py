@@ -1,0 +1,68 @@
+"""How a client turns its batch into an update, and how updates travel through a defense to the observer.
+
+FedSGD: the client sends the gradient of its mean cross-entropy loss at the global parameters.
+FedAvg: the client takes `local_steps` SGD steps and sends w_before - w_after (kind "delta").
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gleak.errors import NonFiniteUpdate
+from gleak.plugin import Defense
+from gleak.threat import ClientBatch, Update
+
+
+def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross entropy averaged over the batch: the loss every attack here assumes the client minimises."""
+    return F.cross_entropy(logits, y)
+
+
+def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def fedsgd_update(model: nn.Module, batch: ClientBatch) -> Update:
+    """The gradient of the mean loss over the batch, one tensor per trainable parameter (model untouched)."""
+    params = trainable(model)
+    loss = loss_fn(model(batch.x), batch.y)
+    grads = torch.autograd.grad(loss, [p for _, p in params])
+    return Update({n: g.detach() for (n, _), g in zip(params, grads)}, "gradient", batch.size)
+
+
+def fedavg_update(model: nn.Module, batch: ClientBatch, lr: float, local_steps: int, local_batch_size: int | None = None) -> Update:
+    """`local_steps` of plain SGD on the batch (in order, mini-batches of local_batch_size); send w_before - w_after."""
+    local = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in trainable(local)}
+    opt = torch.optim.SGD([p for _, p in trainable(local)], lr=lr)
+    bs = local_batch_size or batch.size
+    for step in range(local_steps):
+        lo = (step * bs) % batch.size
+        xb, yb = batch.x[lo : lo + bs], batch.y[lo : lo + bs]
+        opt.zero_grad()
+        loss_fn(local(xb), yb).backward()
+        opt.step()
+    delta = {n: before[n] - p.detach() for n, p in trainable(local)}
+    return Update(delta, "delta", batch.size, {"lr": lr, "local_steps": local_steps, "local_batch_size": bs})
+
+
+def check_finite(update: Update, who: str) -> None:
+    ok, name = update.is_finite()
+    if not ok:
+        raise NonFiniteUpdate(f"{who}: update has NaN or infinity in parameter {name!r}")
+
+
+def send_round(defenses: list[Defense], updates: list[Update], rng: torch.Generator) -> Update:
+    """Client i sends `defenses[i].transform(updates[i])` (one defense instance per client, since a defense may keep
+    state across rounds); the observer sees `defenses[0].observe(sent)`. The victim is client 0."""
+    name = defenses[0].registered_name or type(defenses[0]).__name__
+    sent = []
+    for i, (d, u) in enumerate(zip(defenses, updates)):
+        check_finite(u, f"client {i}")
+        s = d.transform(u, rng)
+        check_finite(s, f"defense {name!r} on client {i}")
+        sent.append(s)
+    return defenses[0].observe(sent, rng)

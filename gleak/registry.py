@@ -1,0 +1,302 @@
+"""Plugin registry: decorators, `create`, `list_plugins`, entry points and plugin files.
+
+Modelled on timm's model registry::
+
+    @register_attack("my-attack")
+    class MyAttack(Attack):
+        '''One-line summary. Longer text citing the paper.'''
+        def __init__(self, iterations: int = 100): ...
+
+    create("attack", "my-attack", iterations=10)
+    list_plugins("attack", "*dlg*")
+
+Third-party packages register through the entry-point groups ``gleak.attacks``, ``gleak.defenses`` and
+``gleak.models`` (the entry point may point at a module, which registers on import, or at a class, which is
+registered under the entry point's name). A single Python file can be loaded with `load_plugin_file`.
+"""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import importlib
+import importlib.util
+import inspect
+import pkgutil
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+from gleak.errors import InputError, UnknownPluginError
+
+KINDS = ("attack", "defense", "model")
+_BUILTIN_PACKAGES = {"attack": "gleak.attacks", "defense": "gleak.defenses", "model": "gleak.models"}
+_ENTRY_POINT_GROUPS = {"attack": "gleak.attacks", "defense": "gleak.defenses", "model": "gleak.models"}
+
+
+class ParamError(InputError):
+    """A bad plugin parameter; `key` names it so that a suite can point at the line."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    annotation: Any
+    default: Any  # inspect.Parameter.empty when required
+
+
+@dataclass
+class PluginInfo:
+    kind: str
+    name: str
+    obj: Callable[..., Any]
+    summary: str
+    params: dict[str, Param] = field(default_factory=dict)
+    source: str = "builtin"
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params.values() if p.default is not inspect.Parameter.empty}
+
+
+def _summary(obj: Any) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _signature_params(obj: Callable[..., Any]) -> dict[str, Param]:
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # unresolvable annotations: fall back to no type checks
+        hints = {}
+    out: dict[str, Param] = {}
+    for p in inspect.signature(target).parameters.values():
+        if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        out[p.name] = Param(p.name, hints.get(p.name, Any), p.default)
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def check_value(tp: Any, value: Any) -> bool:
+    """True when `value` is acceptable for annotation `tp` (the subset of typing that plugin params use)."""
+    if tp is Any or tp is inspect.Parameter.empty:
+        return True
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (typing.Union, types.UnionType):
+        return any(check_value(a, value) for a in args)
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (list, tuple, typing.Sequence) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if not args:
+            return True
+        if origin is tuple and len(args) != 2 or (origin is tuple and args[1] is not Ellipsis):
+            return len(args) == len(value) and all(check_value(a, v) for a, v in zip(args, value))
+        return all(check_value(args[0], v) for v in value)
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+class Registry:
+    """The plugins of one kind."""
+
+    def __init__(self, kind: str, reserved: tuple[str, ...] = ()):
+        self.kind = kind
+        # Arguments the framework passes itself (a model's input_shape and num_classes): never set by a user.
+        self.reserved = reserved
+        self._plugins: dict[str, PluginInfo] = {}
+        self._discovered = False
+
+    # -- registration -------------------------------------------------------------------------------------
+    def register(self, name: str | None = None, *, summary: str | None = None, source: str = "builtin"):
+        def deco(obj):
+            key = name or getattr(obj, "name", None) or obj.__name__.lower()
+            if key in self._plugins and self._plugins[key].obj is not obj:
+                old = self._plugins[key].obj
+                # Re-importing a module (plugin file loaded twice) re-creates the class: accept the same origin.
+                if (getattr(old, "__qualname__", None), getattr(old, "__module__", None)) != (
+                    getattr(obj, "__qualname__", None),
+                    getattr(obj, "__module__", None),
+                ):
+                    raise InputError(f"{self.kind} {key!r} is registered twice ({old!r} and {obj!r})")
+            self._plugins[key] = PluginInfo(
+                self.kind, key, obj, summary or _summary(obj), _signature_params(obj), source
+            )
+            try:
+                obj.registered_name = key
+            except (AttributeError, TypeError):
+                pass
+            return obj
+
+        return deco
+
+    # -- discovery ----------------------------------------------------------------------------------------
+    def discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        pkg_name = _BUILTIN_PACKAGES[self.kind]
+        pkg = importlib.import_module(pkg_name)
+        if hasattr(pkg, "__path__"):
+            for mod in pkgutil.iter_modules(pkg.__path__):
+                if not mod.name.startswith("_"):
+                    importlib.import_module(f"{pkg_name}.{mod.name}")
+        for ep in metadata.entry_points(group=_ENTRY_POINT_GROUPS[self.kind]):
+            try:
+                loaded = ep.load()
+            except Exception as exc:  # a broken third-party plugin must not take the built-ins down
+                print(f"gleak: warning: entry point {ep.name!r} ({ep.value}) failed to load: {exc}", file=sys.stderr)
+                continue
+            if inspect.isclass(loaded) or inspect.isfunction(loaded):
+                if ep.name not in self._plugins:
+                    self.register(ep.name, source=f"entry point {ep.value}")(loaded)
+
+    # -- lookup -------------------------------------------------------------------------------------------
+    def names(self, pattern: str = "*") -> list[str]:
+        self.discover()
+        return sorted(n for n in self._plugins if fnmatch.fnmatch(n, pattern))
+
+    def info(self, name: str) -> PluginInfo:
+        self.discover()
+        if name not in self._plugins:
+            close = difflib.get_close_matches(name, list(self._plugins), n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            known = ", ".join(sorted(self._plugins))
+            raise UnknownPluginError(f"unknown {self.kind} {name!r}{hint} (known: {known})")
+        return self._plugins[name]
+
+    def check_params(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Validate `params` against the plugin's signature; return them merged over the defaults."""
+        info = self.info(name)
+        for key, value in params.items():
+            if key in self.reserved:
+                raise ParamError(f"{self.kind} {name!r}: {key!r} is set by gleak from the case, not by hand", key)
+            if key not in info.params:
+                close = difflib.get_close_matches(key, list(info.params), n=2, cutoff=0.5)
+                hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+                raise ParamError(
+                    f"{self.kind} {name!r} has no parameter {key!r}{hint} (parameters: {', '.join(info.params) or 'none'})",
+                    key,
+                )
+            ann = info.params[key].annotation
+            if not check_value(ann, value):
+                raise ParamError(
+                    f"{self.kind} {name!r} parameter {key!r} must be {_type_name(ann)}, got {value!r} ({type(value).__name__})",
+                    key,
+                )
+        missing = [
+            p.name
+            for p in info.params.values()
+            if p.default is inspect.Parameter.empty and p.name not in params and p.name not in self.reserved
+        ]
+        if missing:
+            raise ParamError(f"{self.kind} {name!r} needs parameter(s) {', '.join(missing)}", missing[0])
+        return {**info.defaults(), **params}
+
+    def create(self, name: str, *args: Any, **params: Any) -> Any:
+        self.check_params(name, params)
+        obj = self.info(name).obj
+        try:
+            return obj(*args, **params)
+        except (ValueError, TypeError) as exc:
+            raise ParamError(f"{self.kind} {name!r}: {exc}") from exc
+
+
+_REGISTRIES = {
+    "attack": Registry("attack"),
+    "defense": Registry("defense"),
+    "model": Registry("model", reserved=("input_shape", "num_classes")),
+}
+
+
+def _registry(kind: str) -> Registry:
+    kind = kind.rstrip("s") if kind.endswith("s") and kind.rstrip("s") in _REGISTRIES else kind
+    if kind not in _REGISTRIES:
+        raise InputError(f"unknown plugin kind {kind!r} (kinds: {', '.join(KINDS)})")
+    return _REGISTRIES[kind]
+
+
+def register_attack(name: str | None = None, **kw: Any):
+    """Class decorator: register an attack under a short kebab-case name."""
+    return _REGISTRIES["attack"].register(name, **kw)
+
+
+def register_defense(name: str | None = None, **kw: Any):
+    """Class decorator: register a defense under a short kebab-case name."""
+    return _REGISTRIES["defense"].register(name, **kw)
+
+
+def register_model(name: str | None = None, **kw: Any):
+    """Decorator for a model factory ``f(input_shape, num_classes, **params) -> nn.Module``."""
+    return _REGISTRIES["model"].register(name, **kw)
+
+
+def create(kind: str, name: str, *args: Any, **params: Any) -> Any:
+    """Build the plugin `name` of `kind` ('attack', 'defense' or 'model') with `params` over its defaults."""
+    return _registry(kind).create(name, *args, **params)
+
+
+def list_plugins(kind: str, pattern: str = "*") -> list[str]:
+    """Registered names of `kind`, filtered by a shell-style wildcard: ``list_plugins('attack', '*dlg*')``."""
+    return _registry(kind).names(pattern)
+
+
+def plugin_info(kind: str, name: str) -> PluginInfo:
+    return _registry(kind).info(name)
+
+
+def check_params(kind: str, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    return _registry(kind).check_params(name, params)
+
+
+def load_plugin_file(path: str | Path) -> list[tuple[str, str]]:
+    """Import a Python file that registers plugins; return the (kind, name) pairs it added.
+
+    Raises InputError with one line naming the file when it is missing or fails to import.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: plugin file not found")
+    for reg in _REGISTRIES.values():
+        reg.discover()  # so that what the file adds can be told apart from the built-ins
+    before = {(k, n) for k, r in _REGISTRIES.items() for n in r._plugins}
+    mod_name = f"gleak_plugin_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise InputError(f"{path}: not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except InputError as exc:
+        sys.modules.pop(mod_name, None)
+        raise InputError(f"{path}: {exc}") from exc
+    except BaseException as exc:  # SyntaxError, ImportError, anything: one line, the file named
+        sys.modules.pop(mod_name, None)
+        line = getattr(exc, "lineno", None)
+        where = f"{path}:{line}" if line else str(path)
+        raise InputError(f"{where}: plugin file failed to import: {type(exc).__name__}: {exc}") from exc
+    after = {(k, n) for k, r in _REGISTRIES.items() for n in r._plugins}
+    return sorted(after - before)

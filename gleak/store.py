@@ -1,0 +1,142 @@
+"""The results store: one SQLite file in the output folder, one row per trial keyed by the trial's config hash.
+
+Every finished trial is committed at once, so an interrupted run loses at most the trials in flight; a rerun skips
+trials whose row says 'ok'. Rows are never deleted. A lock file keeps two runs from writing one folder at once.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from gleak.config import TrialConfig
+from gleak.errors import InputError
+
+DB_NAME = "results.sqlite"
+
+# Contract columns of results.csv first (DESIGN.md), then gleak's own.
+CSV_COLUMNS = [
+    "suite", "trial_id", "attack", "attack_params", "defense", "defense_params", "model", "dataset", "batch_size",
+    "seed", "status", "mse", "psnr", "ssim", "lpips", "label_acc", "verdict", "seconds", "error",
+    "cosine", "grad_dist", "matched", "image", "extra", "case",
+]  # fmt: skip
+METRIC_COLUMNS = {
+    "mse": "REAL", "psnr": "REAL", "ssim": "REAL", "lpips": "REAL", "cosine": "REAL", "label_acc": "REAL",
+    "grad_dist": "REAL", "matched": "INTEGER", "verdict": "TEXT", "image": "TEXT", "extra": "TEXT",
+}  # fmt: skip
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS trials (
+    trial_id TEXT PRIMARY KEY,
+    suite TEXT, attack TEXT, attack_params TEXT, defense TEXT, defense_params TEXT,
+    model TEXT, dataset TEXT, batch_size INTEGER, seed INTEGER, "case" TEXT, config TEXT,
+    status TEXT NOT NULL, error TEXT, traceback TEXT, seconds REAL, finished_at REAL,
+    {", ".join(f"{k} {v}" for k, v in METRIC_COLUMNS.items())}
+);
+CREATE TABLE IF NOT EXISTS membership (position INTEGER PRIMARY KEY, trial_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+
+def _json(d: Any) -> str:
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+class Store:
+    """Results of one output folder."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.path = self.folder / DB_NAME
+        self._lock_fh = None
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        self.db.execute("PRAGMA synchronous=FULL")  # a committed trial survives power loss, not just SIGKILL
+        self.db.executescript(_SCHEMA)
+
+    @staticmethod
+    def exists(folder: str | Path) -> bool:
+        return (Path(folder) / DB_NAME).is_file()
+
+    @staticmethod
+    def open_existing(folder: str | Path) -> "Store":
+        if not Store.exists(folder):
+            raise InputError(f"{folder}: no results here (expected {DB_NAME}; run `gleak run` first)")
+        return Store(folder)
+
+    # -- locking ------------------------------------------------------------------------------------------
+    def lock(self) -> None:
+        """Take the folder's run lock or raise InputError naming the process that holds it."""
+        fh = open(self.folder / ".lock", "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise InputError(f"{self.folder}: another gleak run is writing here (pid {holder}); wait for it or use --out") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._lock_fh = fh
+
+    def unlock(self) -> None:
+        if self._lock_fh is not None:
+            fcntl.flock(self._lock_fh, fcntl.LOCK_UN)
+            self._lock_fh.close()
+            self._lock_fh = None
+
+    # -- writing ------------------------------------------------------------------------------------------
+    def set_membership(self, trials: Iterable[TrialConfig]) -> None:
+        """Record which trials (and in which order) the folder's suite holds now; trial rows are untouched."""
+        rows = [(i, t.trial_id) for i, t in enumerate(trials)]
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute("DELETE FROM membership")
+            self.db.executemany("INSERT INTO membership VALUES (?, ?)", rows)
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, _json(value)))
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def put(self, cfg: TrialConfig, row: dict[str, Any]) -> None:
+        """Write one finished trial (replacing an earlier failed attempt of the same trial) in one transaction."""
+        rec = {
+            "trial_id": cfg.trial_id, "suite": cfg.suite, "attack": cfg.attack, "attack_params": _json(cfg.attack_params),
+            "defense": cfg.defense, "defense_params": _json(cfg.defense_params), "model": cfg.case.model,
+            "dataset": cfg.case.dataset, "batch_size": cfg.case.batch_size, "seed": cfg.seed,
+            "case": _json(cfg.case.to_dict()), "config": cfg.to_json(), "status": row["status"],
+            "error": row.get("error"), "traceback": row.get("traceback"), "seconds": row.get("seconds"),
+            "finished_at": time.time(),
+        }  # fmt: skip
+        for k in METRIC_COLUMNS:
+            rec[k] = row.get(k)
+        cols = ", ".join(f'"{k}"' for k in rec)
+        marks = ", ".join("?" for _ in rec)
+        self.db.execute(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", list(rec.values()))
+
+    # -- reading ------------------------------------------------------------------------------------------
+    def finished_ids(self) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT trial_id FROM trials WHERE status = 'ok'")}
+
+    def frame(self, members_only: bool = True):
+        """The trials as a pandas DataFrame in suite order (the current suite's trials when members_only)."""
+        import pandas as pd
+
+        if members_only and self.db.execute("SELECT COUNT(*) FROM membership").fetchone()[0]:
+            q = 'SELECT t.* FROM membership m JOIN trials t ON t.trial_id = m.trial_id ORDER BY m.position'
+        else:
+            q = "SELECT * FROM trials ORDER BY finished_at"
+        return pd.read_sql_query(q, self.db)
+
+    def close(self) -> None:
+        self.unlock()
+        self.db.close()

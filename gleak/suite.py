@@ -1,0 +1,275 @@
+"""Suites: TOML files that describe a grid of trials. Parsed, validated completely, then expanded.
+
+    [suite]                      name, seeds (a list, or N for 0..N-1), description, save_images
+    [case]                       keys of gleak.config.CaseConfig; a list value expands the grid
+    [[attack]] / [[defense]]     name plus parameters; a list value expands the grid
+    [[grid]]                     optional sub-grids: each may override seeds, case, attack and defense
+
+Every error is one line that names the file, the table and the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from gleak import registry
+from gleak.config import CASE_FIELDS, CaseConfig, TrialConfig, check_case_values
+from gleak.errors import InputError, UnknownPluginError
+
+SUITE_KEYS = {"name", "seeds", "description", "save_images"}
+TOP_TABLES = {"suite", "case", "attack", "defense", "grid"}
+GRID_KEYS = {"name", "seeds", "case", "attack", "defense"}
+
+
+@dataclass
+class Suite:
+    name: str
+    path: Path
+    trials: list[TrialConfig]
+    description: str = ""
+    save_images: bool = True
+    extra_tables: dict[str, Any] = field(default_factory=dict)
+
+
+def _close(key: str, known: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=2, cutoff=0.5)
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
+class _Where:
+    """Builds the one-line errors: 'FILE: [table] key 'k': problem'."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def error(self, table: str, key: str | None, problem: str) -> InputError:
+        k = f" key {key!r}" if key else ""
+        return InputError(f"{self.path}: [{table}]{k}: {problem}")
+
+
+def find_suite(name_or_path: str | None) -> Path:
+    """A suite file: a path, or the name of a shipped suite (suites/NAME.toml). None means the default, quick."""
+    if name_or_path is None:
+        name_or_path = "quick"
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise InputError(f"{p}: suite file not found")
+        return p
+    local = Path("suites") / f"{name_or_path}.toml"
+    if local.is_file():
+        return local
+    shipped = resources.files("gleak.suites") / f"{name_or_path}.toml"
+    if shipped.is_file():
+        return Path(str(shipped))
+    names = sorted(f.name[:-5] for f in resources.files("gleak.suites").iterdir() if f.name.endswith(".toml"))
+    raise InputError(f"no suite named {name_or_path!r}{_close(name_or_path, names)} (shipped: {', '.join(names)})")
+
+
+def _is_list_type(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(_is_list_type(a) for a in typing.get_args(tp))
+    return tp in (list, tuple) or origin in (list, tuple)
+
+
+def _axes(params: dict[str, Any], annotations: dict[str, Any]) -> list[dict[str, Any]]:
+    """Expand list values into a grid. A list is one value when the parameter itself is a list (then a list of
+    lists expands)."""
+    keys, choices = [], []
+    for k, v in params.items():
+        ann = annotations.get(k, Any)
+        if isinstance(v, list) and (not _is_list_type(ann) or (v and all(isinstance(e, list) for e in v))):
+            if not v:
+                raise ValueError(f"{k}: an empty list expands to no trials")
+            keys.append(k)
+            choices.append(v)
+    if not keys:
+        return [dict(params)]
+    out = []
+    for combo in itertools.product(*choices):
+        d = dict(params)
+        d.update(zip(keys, combo))
+        out.append(d)
+    return out
+
+
+def _seeds(value: Any, where: _Where, table: str) -> list[int]:
+    if isinstance(value, bool):
+        raise where.error(table, "seeds", "must be a list of integers or a count")
+    if isinstance(value, int):
+        if value < 1:
+            raise where.error(table, "seeds", f"a count must be >= 1, got {value}")
+        return list(range(value))
+    if isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+        if len(set(value)) != len(value):
+            raise where.error(table, "seeds", "has duplicates")
+        return list(value)
+    raise where.error(table, "seeds", f"must be a non-empty list of integers or a count, got {value!r}")
+
+
+def _plugins(kind: str, entries: Any, where: _Where, table: str) -> list[tuple[str, dict[str, Any]]]:
+    """Validate [[attack]] / [[defense]] entries; return (name, full params) for each grid point."""
+    if isinstance(entries, dict):
+        entries = [entries]
+    if not isinstance(entries, list) or not entries:
+        raise where.error(table, None, f"needs at least one [[{kind}]] table with a 'name'")
+    out = []
+    for i, entry in enumerate(entries, 1):
+        t = f"{kind} #{i}" if table == kind else f"{table}.{kind} #{i}"
+        if not isinstance(entry, dict):
+            raise where.error(t, None, f"must be a table, got {entry!r}")
+        if "name" not in entry:
+            raise where.error(t, "name", "missing")
+        name = entry["name"]
+        if not isinstance(name, str):
+            raise where.error(t, "name", f"must be a string, got {name!r}")
+        params = {k: v for k, v in entry.items() if k != "name"}
+        try:
+            info = registry.plugin_info(kind, name)
+        except UnknownPluginError as exc:
+            raise where.error(t, "name", str(exc)) from None
+        annotations = {p.name: p.annotation for p in info.params.values()}
+        try:
+            grid = _axes(params, annotations)
+        except ValueError as exc:
+            raise where.error(t, str(exc).split(":")[0], str(exc).split(": ", 1)[1]) from None
+        for point in grid:
+            try:
+                full = registry.check_params(kind, name, point)
+                registry.create(kind, name, **point)  # the plugin's own value checks
+            except registry.ParamError as exc:
+                raise where.error(t, exc.key, str(exc)) from None
+            except InputError as exc:
+                raise where.error(t, None, str(exc)) from None
+            out.append((name, full))
+    return out
+
+
+def _cases(raw: Any, where: _Where, table: str) -> list[CaseConfig]:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise where.error(table, None, "must be a table")
+    for k in raw:
+        if k not in CASE_FIELDS:
+            raise where.error(table, k, f"unknown key{_close(k, CASE_FIELDS)} (keys: {', '.join(CASE_FIELDS)})")
+    hints = typing.get_type_hints(CaseConfig)
+    try:
+        points = _axes(raw, hints)
+    except ValueError as exc:
+        raise where.error(table, str(exc).split(":")[0], str(exc).split(": ", 1)[1]) from None
+    cases = []
+    for point in points:
+        for k, v in point.items():
+            if not registry.check_value(hints[k], v):
+                raise where.error(table, k, f"must be {registry._type_name(hints[k])}, got {v!r} ({type(v).__name__})")
+        case = CaseConfig(**point)
+        for k, problem in check_case_values(case):
+            raise where.error(table, k, problem)
+        try:
+            registry.plugin_info("model", case.model)
+        except UnknownPluginError as exc:
+            raise where.error(table, "model", str(exc)) from None
+        try:
+            full = registry.check_params("model", case.model, case.model_params)
+        except registry.ParamError as exc:
+            raise where.error(table, f"model_params.{exc.key}" if exc.key else "model_params", str(exc)) from None
+        cases.append(dataclasses.replace(case, model_params=full))
+    return cases
+
+
+def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
+    """Load each distinct data set once so that a missing one stops the suite before anything runs."""
+    from gleak.data import load_dataset
+
+    seen = set()
+    for c in cases:
+        key = (c.dataset, c.data_root, c.resolution, c.channels, c.download)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            ds = load_dataset(c.dataset, root=c.data_root, resolution=c.resolution, channels=c.channels, download=c.download)
+        except InputError as exc:
+            raise where.error(table, "dataset", str(exc)) from None
+        need = c.batch_size * c.clients
+        if need > len(ds):
+            raise where.error(table, "batch_size", f"batch_size x clients = {need} exceeds the {len(ds)} samples of {c.dataset!r}")
+
+
+def _grid(spec: dict[str, Any], where: _Where, table: str, suite_name: str, seeds: list[int]) -> list[TrialConfig]:
+    cases = _cases(spec.get("case"), where, f"{table}.case" if table != "suite" else "case")
+    _check_data(cases, where, f"{table}.case" if table != "suite" else "case")
+    attacks = _plugins("attack", spec.get("attack"), where, "attack" if table == "suite" else table)
+    defenses = _plugins("defense", spec.get("defense"), where, "defense" if table == "suite" else table)
+    trials = []
+    for case, (a, ap), (d, dp), seed in itertools.product(cases, attacks, defenses, seeds):
+        trials.append(TrialConfig(suite_name, a, ap, d, dp, case, seed))
+    return trials
+
+
+def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Suite:
+    """Parse, validate and expand a suite file. Raises InputError (one line) on any problem."""
+    path = Path(path)
+    where = _Where(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: suite file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not valid TOML: {exc}") from None
+    allowed = TOP_TABLES | set(extra_tables)
+    for k in doc:
+        if k not in allowed:
+            raise where.error(k, None, f"unknown table{_close(k, allowed)} (tables: {', '.join(sorted(allowed))})")
+    meta = doc.get("suite", {})
+    if not isinstance(meta, dict):
+        raise where.error("suite", None, "must be a table")
+    for k in meta:
+        if k not in SUITE_KEYS:
+            raise where.error("suite", k, f"unknown key{_close(k, SUITE_KEYS)} (keys: {', '.join(sorted(SUITE_KEYS))})")
+    name = meta.get("name", path.stem)
+    if not isinstance(name, str) or not name or "/" in name:
+        raise where.error("suite", "name", f"must be a non-empty string without '/', got {name!r}")
+    save_images = meta.get("save_images", True)
+    if not isinstance(save_images, bool):
+        raise where.error("suite", "save_images", f"must be true or false, got {save_images!r}")
+    description = meta.get("description", "")
+    if not isinstance(description, str):
+        raise where.error("suite", "description", "must be a string")
+    seeds = _seeds(meta.get("seeds", [0]), where, "suite")
+
+    grids = doc.get("grid")
+    trials: list[TrialConfig] = []
+    if grids is None:
+        trials = _grid(doc, where, "suite", name, seeds)
+    else:
+        if not isinstance(grids, list):
+            raise where.error("grid", None, "must be an array of tables ([[grid]])")
+        for i, g in enumerate(grids, 1):
+            table = f"grid #{i}" + (f" ({g.get('name')})" if isinstance(g, dict) and g.get("name") else "")
+            if not isinstance(g, dict):
+                raise where.error(table, None, "must be a table")
+            for k in g:
+                if k not in GRID_KEYS:
+                    raise where.error(table, k, f"unknown key{_close(k, GRID_KEYS)} (keys: {', '.join(sorted(GRID_KEYS))})")
+            merged = {
+                "case": {**doc.get("case", {}), **g.get("case", {})},
+                "attack": g.get("attack", doc.get("attack")),
+                "defense": g.get("defense", doc.get("defense")),
+            }
+            grid_seeds = _seeds(g["seeds"], where, table) if "seeds" in g else seeds
+            trials += _grid(merged, where, table, name, grid_seeds)
+    unique: dict[str, TrialConfig] = {}
+    for t in trials:
+        unique.setdefault(t.trial_id, t)  # the same trial asked for twice runs once
+    extras = {k: doc[k] for k in extra_tables if k in doc}
+    return Suite(name, path, list(unique.values()), description, save_images, extras)

@@ -1,0 +1,180 @@
+"""The command line as a user meets it: exit codes, one-line errors, nothing stored changed on bad input."""
+import csv
+import hashlib
+import os
+import signal
+import sqlite3
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+CONTRACT = ["suite", "trial_id", "attack", "attack_params", "defense", "defense_params", "model", "dataset",
+            "batch_size", "seed", "status", "mse", "psnr", "ssim", "lpips", "label_acc", "verdict", "seconds", "error"]  # fmt: skip
+
+SMALL = """
+[suite]
+name = "small"
+seeds = [0, 1]
+[case]
+dataset = "skimage"
+model = "mlp"
+batch_size = [1, 2]
+[[attack]]
+name = "closed-form"
+[[attack]]
+name = "idlg"
+[[defense]]
+name = "none"
+[[defense]]
+name = "topk"
+ratio = [0.5, 0.99]
+"""
+
+
+def _run(cmd, args, env, **kw):
+    return subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=600, **kw)
+
+
+def _tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_run_writes_the_output_contract_and_rerun_skips(tmp_path, gleak_cmd, run_env):
+    suite = tmp_path / "small.toml"
+    suite.write_text(SMALL)
+    out = tmp_path / "out"
+    r = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
+    assert r.returncode == 0, r.stderr
+    assert "leaderboard.md" in r.stdout
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 24 and set(CONTRACT) <= set(rows[0])
+    cf = [x for x in rows if x["attack"] == "closed-form" and x["defense"] == "none" and x["batch_size"] == "1"]
+    assert all(float(x["mse"]) < 1e-10 for x in cf)
+    idlg = [x for x in rows if x["attack"] == "idlg"]
+    assert all(x["mse"] == "" and x["psnr"] == "" for x in idlg)  # unavailable metrics are empty, not zero
+    assert all(x["lpips"] == "" for x in rows)  # no backbone weights on this machine
+    md = (out / "leaderboard.md").read_text()
+    assert "## Defenses, ranked by their worst case" in md and "LPIPS is unavailable" in md
+    assert (out / "leaderboard.tex").is_file() and (out / "leaderboard.csv").is_file()
+    assert any((out / "images").glob("*.png"))
+
+    before = {x["trial_id"]: x["seconds"] for x in rows}
+    r = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
+    assert r.returncode == 0 and "0 trials run, 24 already stored" in r.stderr
+    after = {x["trial_id"]: x["seconds"] for x in csv.DictReader((out / "results.csv").open())}
+    assert after == before
+
+
+def test_failed_trials_exit_1_and_say_why(tmp_path, gleak_cmd, run_env):
+    suite = tmp_path / "conv.toml"
+    suite.write_text(SMALL.replace('model = "mlp"', 'model = "lenet"').replace("batch_size = [1, 2]", "batch_size = 1"))
+    out = tmp_path / "out"
+    r = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
+    assert r.returncode == 1
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    failed = [x for x in rows if x["status"] == "failed"]
+    assert failed and all(x["attack"] == "closed-form" and "UnsupportedCase" in x["error"] for x in failed)
+    assert all(x["status"] == "ok" for x in rows if x["attack"] == "idlg")
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (lambda s: s.replace('name = "closed-form"', 'name = "closed-from"'), "[attack #1] key 'name': unknown attack 'closed-from'; did you mean 'closed-form'"),
+        (lambda s: s.replace('model = "mlp"', 'model = "mlp"\nbatchsize = 3'), "[case] key 'batchsize': unknown key; did you mean 'batch_size'"),
+        (lambda s: s.replace("ratio = [0.5, 0.99]", 'ratio = "high"'), "[defense #2] key 'ratio': defense 'topk' parameter 'ratio' must be float"),
+        (lambda s: s.replace('batch_size = 1', 'batch_size = "two"'), "[case] key 'batch_size': must be int"),
+        (lambda s: s.replace('dataset = "skimage"', 'dataset = "fashion-mnist"\ndata_root = "/nonexistent"'), "[case] key 'dataset': dataset 'fashion-mnist': /nonexistent/train-images-idx3-ubyte.gz not found"),
+        (lambda s: s.replace('dataset = "skimage"', 'dataset = "cifar10"\ndata_root = "/nonexistent"'), "[case] key 'dataset': dataset 'cifar10': not found under /nonexistent"),
+        (lambda s: s.replace("[suite]", "[suit]"), "[suit]: unknown table; did you mean 'suite'"),
+        (lambda s: s + "\n[[defense]\n", "not valid TOML"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(tmp_path, gleak_cmd, run_env, edit, needle):
+    good = tmp_path / "good.toml"
+    good.write_text(SMALL.replace("seeds = [0, 1]", "seeds = [0]").replace("batch_size = [1, 2]", "batch_size = 1"))
+    out = tmp_path / "out"
+    assert _run(gleak_cmd, ["run", str(good), "--out", str(out), "--no-progress"], run_env).returncode == 0
+    digest = _tree_digest(out)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(edit(good.read_text()))
+    r = _run(gleak_cmd, ["run", str(bad), "--out", str(out), "--no-progress"], run_env)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and needle in lines[0], lines
+    assert _tree_digest(out) == digest
+
+
+def test_plugin_file_that_does_not_import_is_exit_2(tmp_path, gleak_cmd, run_env):
+    plug = tmp_path / "plug.py"
+    plug.write_text("def broken(:\n")
+    r = _run(gleak_cmd, ["run", "quick", "--plugin", str(plug), "--out", str(tmp_path / "o")], run_env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "plug.py" in r.stderr and "SyntaxError" in r.stderr
+    assert not (tmp_path / "o").exists()
+    r = _run(gleak_cmd, ["check-plugin", str(plug)], run_env)
+    assert r.returncode == 2 and "plug.py" in r.stderr
+
+
+def test_unknown_plugin_name_in_check_plugin(gleak_cmd, run_env):
+    r = _run(gleak_cmd, ["check-plugin", "top-k"], run_env)
+    assert r.returncode == 2 and "did you mean 'topk'" in r.stderr
+
+
+def test_list_shows_builtins_with_summaries(gleak_cmd, run_env):
+    r = _run(gleak_cmd, ["list", "attacks"], run_env)
+    assert r.returncode == 0
+    lines = {ln.split()[0]: ln for ln in r.stdout.splitlines()}
+    assert "closed-form" in lines and "idlg" in lines and all(len(ln.split()) > 2 for ln in lines.values())
+    r = _run(gleak_cmd, ["list", "defenses"], run_env)
+    assert {"none", "noise", "quantization", "topk"} <= {ln.split()[0] for ln in r.stdout.splitlines()}
+
+
+def test_sigkill_halfway_then_resume_recomputes_nothing(tmp_path, gleak_cmd, run_env):
+    suite = tmp_path / "long.toml"
+    suite.write_text(textwrap.dedent("""
+        [suite]
+        name = "long"
+        seeds = 300
+        save_images = false
+        [case]
+        dataset = "uniform"
+        resolution = 8
+        channels = 1
+        model = "linear"
+        [[attack]]
+        name = "closed-form"
+        [[defense]]
+        name = "noise"
+    """))
+    out = tmp_path / "out"
+    proc = subprocess.Popen(gleak_cmd + ["run", str(suite), "--out", str(out), "--no-progress"], env=run_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    db = out / "results.sqlite"
+    deadline = time.time() + 120
+    n = 0
+    while time.time() < deadline:
+        if db.exists():
+            try:
+                n = sqlite3.connect(db).execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+            except sqlite3.Error:
+                n = 0
+            if n >= 60:
+                break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    con = sqlite3.connect(db)
+    first = dict(con.execute("SELECT trial_id, finished_at FROM trials").fetchall())
+    con.close()
+    assert 60 <= len(first) < 300, len(first)
+    r = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
+    assert r.returncode == 0, r.stderr
+    con = sqlite3.connect(db)
+    rows = con.execute("SELECT trial_id, finished_at FROM trials").fetchall()
+    assert len(rows) == 300 and len({t for t, _ in rows}) == 300
+    assert all(dict(rows)[t] == f for t, f in first.items())  # finished trials were not recomputed
+    assert f"{300 - len(first)} trials run, {len(first)} already stored" in r.stderr
+    assert len(list(csv.DictReader((out / "results.csv").open()))) == 300

@@ -1,0 +1,58 @@
+import textwrap
+
+import pytest
+
+import gleak
+from gleak.conformance import check_plugin
+
+
+@pytest.mark.parametrize("kind", ["attack", "defense"])
+def test_every_builtin_passes_check_plugin(kind):
+    for name in gleak.list_plugins(kind):
+        failed = [c for c in check_plugin(kind, name) if not c.passed]
+        assert not failed, (name, [(c.name, c.detail) for c in failed])
+
+
+def test_a_bad_defense_fails_the_check(tmp_path):
+    from gleak.registry import load_plugin_file
+
+    f = tmp_path / "bad_defense.py"
+    f.write_text(textwrap.dedent('''
+        import torch
+        from gleak import register_defense
+        from gleak.plugin import Defense
+
+        @register_defense("test-bad-defense")
+        class Bad(Defense):
+            """Mutates its input and ignores the generator."""
+            def transform(self, update, rng):
+                for t in update:
+                    t.add_(torch.randn(t.shape, dtype=t.dtype))
+                return update
+    '''))
+    load_plugin_file(f)
+    failed = {c.name for c in check_plugin("defense", "test-bad-defense") if not c.passed}
+    assert {"deterministic under a seed", "does not mutate its input"} <= failed
+
+
+def test_an_attack_that_crashes_on_other_cases_fails(tmp_path):
+    from gleak.registry import load_plugin_file
+
+    f = tmp_path / "bad_attack.py"
+    f.write_text(textwrap.dedent('''
+        import torch
+        from gleak import register_attack
+        from gleak.plugin import Attack
+        from gleak.threat import Reconstruction
+
+        @register_attack("test-bad-attack")
+        class Bad(Attack):
+            """Crashes with a KeyError on conv models."""
+            def reconstruct(self, observation, rng):
+                observation.update["1.weight"]
+                return Reconstruction(x=torch.rand((1, *observation.knowledge.input_shape)))
+    '''))
+    load_plugin_file(f)
+    failed = {c.name for c in check_plugin("attack", "test-bad-attack") if not c.passed}
+    assert "unsupported cases raise UnsupportedCase only" in failed
+    assert "deterministic under a seed" in failed  # torch.rand ignores the generator

@@ -1,0 +1,78 @@
+import pytest
+import torch
+
+from gleak import metrics
+
+
+def test_identical_images_score_perfectly():
+    x = torch.rand(3, 3, 16, 16)
+    s = metrics.score(x, torch.tensor([1, 2, 3]), x.clone(), torch.tensor([3, 2, 1]))
+    assert s["mse"] == 0 and s["psnr"] == float("inf") and s["ssim"] == pytest.approx(1.0)
+    assert s["label_acc"] == 1.0 and s["verdict"] == "recovered" and s["matched"] == 3
+
+
+def test_matching_undoes_a_permutation():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(6, 1, 8, 8, generator=g)
+    perm = torch.randperm(6, generator=g)
+    ti, ri = metrics.match(x, x[perm])
+    assert all(int(perm[r]) == int(t) for t, r in zip(ti, ri))
+
+
+def test_label_accuracy_is_order_free_multiset_overlap():
+    assert metrics.label_accuracy(torch.tensor([1, 1, 2, 3]), torch.tensor([3, 1, 2, 2])) == 0.75
+    assert metrics.label_accuracy(torch.tensor([0]), None) is None
+
+
+def test_psnr_and_verdict_bands():
+    a = torch.zeros(1, 1, 4, 4)
+    assert float(metrics.psnr(a, a + 0.1)[0]) == pytest.approx(20.0)
+    assert [metrics.verdict(v) for v in (0.0299, 0.03, 0.199, 0.2)] == ["recovered", "partial", "partial", "defended"]
+
+
+def test_ssim_is_scikit_image_with_gaussian_weights():
+    from skimage.metrics import structural_similarity
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(1, 3, 32, 32, generator=g, dtype=torch.float64), torch.rand(1, 3, 32, 32, generator=g, dtype=torch.float64)
+    ref = structural_similarity(a[0].permute(1, 2, 0).numpy(), b[0].permute(1, 2, 0).numpy(), data_range=1.0,
+                                channel_axis=-1, gaussian_weights=True, sigma=1.5, use_sample_covariance=False)  # fmt: skip
+    assert float(metrics.ssim(a, b)[0]) == pytest.approx(ref)
+
+
+def test_relative_gradient_distance():
+    g = torch.tensor([3.0, 4.0])
+    assert metrics.relative_distance(g, torch.zeros(2)) == 1.0
+    assert metrics.relative_distance(g, g) == 0.0
+
+
+def test_lpips_unavailable_without_weights(monkeypatch, tmp_path):
+    monkeypatch.delenv(metrics.LPIPS_ENV, raising=False)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    x = torch.rand(1, 3, 32, 32)
+    assert metrics.lpips(x, x) is None
+    assert metrics.score(x, torch.tensor([0]), x, None)["lpips"] is None
+
+
+def test_lpips_missing_named_file_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv(metrics.LPIPS_ENV, str(tmp_path / "nope.pth"))
+    with pytest.raises(FileNotFoundError, match="nope.pth"):
+        metrics.lpips(torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32))
+
+
+def test_lpips_loads_a_backbone_file(monkeypatch, tmp_path):
+    """The loading path with a state dict built here (random weights: exercises the code, scores nothing)."""
+    import torchvision
+
+    torch.manual_seed(0)
+    path = tmp_path / "alexnet.pth"
+    torch.save(torchvision.models.alexnet().state_dict(), path)
+    monkeypatch.setenv(metrics.LPIPS_ENV, str(path))
+    a, b = torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32)
+    d = metrics.lpips(a, b)
+    assert d is not None and d.shape == (2,) and torch.isfinite(d).all()
+    assert float(metrics.lpips(a, a).abs().max()) < 1e-6
+    model = metrics._lpips_model(str(path))
+    ref = torchvision.models.alexnet()
+    ref.load_state_dict(torch.load(path, weights_only=True))
+    assert torch.equal(model.net.slice1[0].weight, ref.features[0].weight)  # the file's weights, not a random init
