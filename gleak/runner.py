@@ -109,6 +109,9 @@ def run_suite(
         todo = [t for t in suite.trials if t.trial_id not in finished]
         image_dir = str(out / "images") if suite.save_images else None
         failed = _execute(todo, store, workers, lpips_weights, image_dir, progress)
+        from gleak.utility import run_suite_utility
+
+        util_failed = run_suite_utility(suite, store, progress, workers)  # accuracy under each defense, beside the trials
         # Trials that failed earlier and were skipped would otherwise be missed in the count.
         failed_total = int(
             store.db.execute(
@@ -118,4 +121,4 @@ def run_suite(
         write_reports(out, suite.name, suite.description)
     finally:
         store.close()
-    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total))
+    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed)

@@ -77,10 +77,14 @@ def observer_model(attack: Attack, model: nn.Module, cfg: TrialConfig) -> nn.Mod
     return mine
 
 
-def client_update(model: nn.Module, batch: ClientBatch, cfg: TrialConfig) -> Update:
+def client_update(
+    model: nn.Module, batch: ClientBatch, cfg: TrialConfig, defense: Defense | None = None, client: int = 0
+) -> Update:
+    """Client `client`'s update; its gradients come from the defense's `client_gradient` hook (plain by default)."""
+    rng = generator(cfg.seed, f"client/{client}")
     if cfg.case.update == "fedavg":
-        return fedavg_update(model, batch, cfg.case.local_lr, cfg.case.local_steps)
-    return fedsgd_update(model, batch)
+        return fedavg_update(model, batch, cfg.case.local_lr, cfg.case.local_steps, defense=defense, rng=rng)
+    return fedsgd_update(model, batch, defense, rng)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -113,14 +117,16 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     )
     model = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
 
-    updates = [client_update(model, b, cfg) for b in batches]
+    updates = [client_update(model, b, cfg, d, i) for i, (b, d) in enumerate(zip(batches, defenses))]
     observed = send_round(defenses, updates, generator(cfg.seed, "defense"))
     observation = Observation(update=observed, knowledge=knowledge, model=observer_model(attack, model, cfg))
     rec = attack.reconstruct(observation, generator(cfg.seed, "attack"))
 
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
     scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights)
-    scores["grad_dist"] = relative_distance(updates[0].flat(), observed.flat())
+    # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
+    plain = updates[0] if type(defenses[0]).client_gradient is Defense.client_gradient else client_update(model, victim, cfg)
+    scores["grad_dist"] = relative_distance(plain.flat(), observed.flat())
     scores["extra"] = {k: _finite_or_none(v) for k, v in rec.extra.items()}
     scores["_images"] = (victim.images(), rec_images)
     return scores
