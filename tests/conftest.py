@@ -13,11 +13,16 @@ def gleak_cmd():
     return [sys.executable, "-m", "gleak"]
 
 
-@pytest.fixture
-def run_env():
+def _env() -> dict[str, str]:
+    """The environment of a CLI subprocess: this checkout's gleak first on the path."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+@pytest.fixture
+def run_env():
+    return _env()
 
 
 # A small suite with a [utility] table (skimage at 16x16, a 32-unit MLP): shared by the utility and report tests.
@@ -30,7 +35,7 @@ dataset = "skimage"
 model = "mlp"
 model_params = { hidden = [32] }
 resolution = 16
-batch_size = [1, 2]
+batch_size = 2
 [[attack]]
 name = "closed-form"
 [[attack]]
@@ -69,8 +74,7 @@ def utility_run(tmp_path_factory):
     folder work on a copy."""
     import subprocess
 
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = _env()
     d = tmp_path_factory.mktemp("utility_run")
     (d / "rep.toml").write_text(UTILITY_SUITE)
     r = subprocess.run([sys.executable, "-m", "gleak", "run", str(d / "rep.toml"), "--out", str(d / "out"), "--no-progress"],
