@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -17,6 +18,9 @@ from gleak.config import TrialConfig
 from gleak.errors import InputError
 
 DB_NAME = "results.sqlite"
+LOCK_NAME = ".lock"
+# tempfile.mkstemp(prefix=".NAME.") names: the prefix, then 8 characters from [a-z0-9_].
+_PARTIAL = re.compile(r"^\..+\.(png|csv|md|tex|html|json|svg|pdf)\.[a-z0-9_]{8}$")
 
 # Contract columns of results.csv first (DESIGN.md), then gleak's own.
 CSV_COLUMNS = [
@@ -46,6 +50,50 @@ def _json(d: Any) -> str:
     return json.dumps(d, sort_keys=True, default=str)
 
 
+def _record(cfg: TrialConfig, row: dict[str, Any]) -> dict[str, Any]:
+    """The trials-table row of a finished trial."""
+    rec = {
+        "trial_id": cfg.trial_id, "suite": cfg.suite, "attack": cfg.attack, "attack_params": _json(cfg.attack_params),
+        "defense": cfg.defense, "defense_params": _json(cfg.defense_params), "model": cfg.case.model,
+        "dataset": cfg.case.dataset, "batch_size": cfg.case.batch_size, "seed": cfg.seed,
+        "case": _json(cfg.case.to_dict()), "config": cfg.to_json(), "status": row["status"],
+        "error": row.get("error"), "traceback": row.get("traceback"), "seconds": row.get("seconds"),
+        "finished_at": time.time(),
+    }  # fmt: skip
+    for k in METRIC_COLUMNS:
+        rec[k] = row.get(k)
+    return rec
+
+
+def take_lock(folder: str | Path):
+    """Take FOLDER/.lock (an flock, released by the kernel when the process dies) or raise InputError naming the
+    process that holds it. Creates the folder and the lock file only; writes this process's id into the lock file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fh = open(folder / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip()
+        fh.close()
+        who = f"pid {holder}" if holder else "another process"
+        raise InputError(
+            f"{folder}: another gleak run ({who}) is writing here; wait for it to finish or use another --out"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(str(os.getpid()))
+    fh.flush()
+    return fh
+
+
+def release_lock(fh) -> None:
+    if fh is not None:
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
+
+
 class Store:
     """Results of one output folder."""
 
@@ -59,6 +107,19 @@ class Store:
         self.db.executescript(_SCHEMA)
 
     @staticmethod
+    def open_for_run(folder: str | Path) -> "Store":
+        """The store of a run: the folder's lock is taken before anything in it is created or changed, so a second
+        run on the same folder stops with InputError (one line) and leaves the folder exactly as it was."""
+        fh = take_lock(folder)
+        try:
+            store = Store(folder)
+        except BaseException:
+            release_lock(fh)
+            raise
+        store._lock_fh = fh
+        return store
+
+    @staticmethod
     def exists(folder: str | Path) -> bool:
         return (Path(folder) / DB_NAME).is_file()
 
@@ -68,28 +129,9 @@ class Store:
             raise InputError(f"{folder}: no results here (expected {DB_NAME}; run `gleak run` first)")
         return Store(folder)
 
-    # -- locking ------------------------------------------------------------------------------------------
-    def lock(self) -> None:
-        """Take the folder's run lock or raise InputError naming the process that holds it."""
-        fh = open(self.folder / ".lock", "a+")
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
-            raise InputError(f"{self.folder}: another gleak run is writing here (pid {holder}); wait for it or use --out") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(str(os.getpid()))
-        fh.flush()
-        self._lock_fh = fh
-
     def unlock(self) -> None:
-        if self._lock_fh is not None:
-            fcntl.flock(self._lock_fh, fcntl.LOCK_UN)
-            self._lock_fh.close()
-            self._lock_fh = None
+        release_lock(self._lock_fh)
+        self._lock_fh = None
 
     # -- writing ------------------------------------------------------------------------------------------
     def set_membership(self, trials: Iterable[TrialConfig]) -> None:
@@ -109,19 +151,29 @@ class Store:
 
     def put(self, cfg: TrialConfig, row: dict[str, Any]) -> None:
         """Write one finished trial (replacing an earlier failed attempt of the same trial) in one transaction."""
-        rec = {
-            "trial_id": cfg.trial_id, "suite": cfg.suite, "attack": cfg.attack, "attack_params": _json(cfg.attack_params),
-            "defense": cfg.defense, "defense_params": _json(cfg.defense_params), "model": cfg.case.model,
-            "dataset": cfg.case.dataset, "batch_size": cfg.case.batch_size, "seed": cfg.seed,
-            "case": _json(cfg.case.to_dict()), "config": cfg.to_json(), "status": row["status"],
-            "error": row.get("error"), "traceback": row.get("traceback"), "seconds": row.get("seconds"),
-            "finished_at": time.time(),
-        }  # fmt: skip
-        for k in METRIC_COLUMNS:
-            rec[k] = row.get(k)
-        cols = ", ".join(f'"{k}"' for k in rec)
-        marks = ", ".join("?" for _ in rec)
-        self.db.execute(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", list(rec.values()))
+        self.put_many([(cfg, row)])
+
+    def put_many(self, finished: list[tuple[TrialConfig, dict[str, Any]]]) -> None:
+        """Write several finished trials in one transaction (one fsync): all of them or, if killed, none."""
+        if not finished:
+            return
+        recs = [_record(cfg, row) for cfg, row in finished]
+        cols = ", ".join(f'"{k}"' for k in recs[0])
+        marks = ", ".join("?" for _ in recs[0])
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", [list(r.values()) for r in recs])
+
+    def clean_partial_files(self) -> list[Path]:
+        """Delete the temporary files that a killed writer left (figures.atomic_write_bytes writes `.NAME.XXXXXXXX`
+        beside NAME, then renames). Call only while holding the lock: no other gleak run is writing here then."""
+        removed = []
+        for folder in [self.folder] + [p for p in self.folder.iterdir() if p.is_dir()]:
+            for p in folder.iterdir():
+                if p.is_file() and _PARTIAL.match(p.name):
+                    p.unlink(missing_ok=True)
+                    removed.append(p)
+        return removed
 
     # -- reading ------------------------------------------------------------------------------------------
     def finished_ids(self) -> set[str]:
