@@ -59,6 +59,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gleak.suite import find_suite, load_suite
 
     workers = _parallelism(args)
+    if args.executor == "local" and (workers or 1) > 1:
+        from gleak.workers import prestart
+
+        prestart()  # the workers' fork server imports torch while the suite is validated
     _load_plugins(args.plugin)
     path = find_suite(args.suite)
     suite = load_suite(path)  # validates everything (plugins, parameters, data) before the folder is touched

@@ -24,28 +24,31 @@ from typing import Any
 
 from gleak.config import TrialConfig
 from gleak.errors import InputError
-from gleak.workers import Record, TrialEnv, died_row, prepare_process
+from gleak.figures import atomic_write_bytes
+from gleak.workers import Finished, Record, TrialEnv, died_row, prepare_process
 
 TASK_SECONDS = 0.5  # work per task once calibrated: Ray's per-task cost is then well under 1% of it
 MAX_PER_TASK = 256
-IN_FLIGHT_PER_SLOT = 2  # bounded, so that a killed run loses little and results stream steadily
+
+
+_scratch: str | None = None  # this worker process's folder for images on their way to the driver
 
 
 def _run_batch(cfg_jsons: list[str], env: TrialEnv) -> list[dict[str, Any]]:
     """Body of one Ray task: run the trials, return their rows (with the PNG bytes of their image, if any)."""
+    global _scratch
     from gleak.trial import run_trial
 
     prepare_process(env)
+    if env.image_dir is not None and _scratch is None:
+        _scratch = tempfile.mkdtemp(prefix="gleak-ray-")
     rows = []
     for text in cfg_jsons:
-        cfg = TrialConfig.from_json(text)
-        if env.image_dir is None:
-            rows.append(run_trial(cfg, env.lpips_weights, None))
-            continue
-        with tempfile.TemporaryDirectory(prefix="gleak-") as tmp:
-            row = run_trial(cfg, env.lpips_weights, tmp)
-            if row.get("image"):
-                row["_image_png"] = (Path(tmp) / row["image"]).read_bytes()
+        row = run_trial(TrialConfig.from_json(text), env.lpips_weights, _scratch if env.image_dir else None)
+        if row.get("image"):
+            png = Path(_scratch) / row["image"]
+            row["_image_png"] = png.read_bytes()
+            png.unlink()
         rows.append(row)
     return rows
 
@@ -106,7 +109,9 @@ class RayExecutor:
             if first.trial_id in alone or done_cost <= 0:
                 return batch  # uncalibrated (or retrying): one trial per task
             per_cost = done_seconds / done_cost
-            target = min(TASK_SECONDS, left_cost * per_cost / (2 * IN_FLIGHT_PER_SLOT * self.slots))
+            target = TASK_SECONDS
+            if self.slots > 1:  # smaller tasks towards the end, so that no slot idles while one finishes a big one
+                target = min(target, left_cost * per_cost / (4 * self.slots))
             work = costs.get(first.trial_id, 1.0) * per_cost
             while queue and len(batch) < MAX_PER_TASK and queue[0].trial_id not in alone:
                 nxt = costs.get(queue[0].trial_id, 1.0) * per_cost
@@ -116,13 +121,18 @@ class RayExecutor:
                 work += nxt
             return batch
 
-        while queue or pending:
-            while queue and len(pending) < IN_FLIGHT_PER_SLOT * self.slots:
+        def submit() -> None:
+            while queue and len(pending) < self.slots:  # one task per slot: --workers N runs N at once
                 batch = next_batch()
                 solo = len(batch) == 1 and batch[0].trial_id in alone
                 task = self._task.options(num_cpus=self.threads, max_retries=0 if solo else 1)
                 pending[task.remote([c.to_json() for c in batch], env_ref)] = batch
-            ready, _ = ray.wait(list(pending), num_returns=1)
+
+        submit()
+        while pending:
+            ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+            done: Finished = []
             for ref in ready:
                 batch = pending.pop(ref)
                 try:
@@ -132,20 +142,20 @@ class RayExecutor:
                         alone.update(t.trial_id for t in batch)
                         queue.extendleft(reversed(batch))
                         continue
-                    how = _reason(exc)
-                    rows = [died_row(batch[0], how, 3 if batch[0].trial_id in alone else 2, 0.0)]
+                    rows = [died_row(batch[0], _reason(exc), 3 if batch[0].trial_id in alone else 2, 0.0)]
                 for cfg, row in zip(batch, rows):
-                    png = row.pop("_image_png", None)
-                    if png is not None and env.image_dir is not None:
-                        from gleak.figures import atomic_write_bytes
-
-                        atomic_write_bytes(Path(env.image_dir) / row["image"], png)
                     c = costs.get(cfg.trial_id, 1.0)
                     left_cost -= c
                     if row.get("seconds") and math.isfinite(row["seconds"]):
                         done_cost += c
                         done_seconds += row["seconds"]
-                record(list(zip(batch, rows)))
+                    done.append((cfg, row))
+            submit()  # the workers go on while the results are written
+            for _, row in done:
+                png = row.pop("_image_png", None)
+                if png is not None and env.image_dir is not None:
+                    atomic_write_bytes(Path(env.image_dir) / row["image"], png)
+            record(done)
 
 
 def _reason(exc: BaseException) -> str:

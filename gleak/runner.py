@@ -46,11 +46,13 @@ class RunSummary:
 
 # -- cost estimates -----------------------------------------------------------------------------------------------
 def _model_pass_cost(case: CaseConfig) -> float:
-    """Floating-point operations of one forward and backward pass of the case's model on one client batch, counted
-    on torch's meta device (no memory, no compute). Falls back to the batch size when the model will not trace."""
+    """Floating-point operations of one forward and backward pass of the case's model on one client batch: three
+    times the forward's multiply-adds in its linear and convolution layers (counted by hooks during one forward of
+    a single zero input), plus a few per parameter for what works on
+    the whole update (defenses, distances). Falls back to a guess from the batch size when that fails."""
     try:
         import torch
-        from torch.utils.flop_counter import FlopCounterMode
+        from torch import nn
 
         from gleak.data import load_dataset
         from gleak.models import create_model
@@ -58,12 +60,24 @@ def _model_pass_cost(case: CaseConfig) -> float:
         ds = load_dataset(case.dataset, root=case.data_root, resolution=case.resolution, channels=case.channels,
                           download=case.download)  # fmt: skip  # cached: the suite loaded it to validate
         dtype = torch.float64 if case.dtype == "float64" else torch.float32
-        with torch.device("meta"):
-            model = create_model(case.model, ds.input_shape, ds.num_classes, seed=0, dtype=dtype, **case.model_params)
-            x = torch.zeros((case.batch_size, *ds.input_shape), dtype=dtype)
-            with FlopCounterMode(display=False) as counter:
-                model(x)
-        return 3.0 * float(counter.get_total_flops()) * (2 if dtype == torch.float64 else 1)
+        # A real model (torch's meta device would avoid the initialisation but imports its compiler, seconds).
+        model = create_model(case.model, ds.input_shape, ds.num_classes, seed=0, dtype=dtype, **case.model_params).eval()
+        macs = 0
+
+        def count(m: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
+            nonlocal macs
+            if isinstance(m, nn.Linear):
+                macs += out.numel() * m.in_features
+            else:  # a convolution: every output element reads in_channels / groups x kernel values
+                macs += out.numel() * (m.in_channels // m.groups) * math.prod(m.kernel_size)
+
+        for m in model.modules():
+            if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+                m.register_forward_hook(count)
+        with torch.no_grad():
+            model(torch.zeros((1, *ds.input_shape), dtype=dtype))
+        params = sum(p.numel() for p in model.parameters())
+        return (6.0 * macs * case.batch_size + 20.0 * params) * (2 if dtype == torch.float64 else 1)
     except Exception:  # noqa: BLE001 - an estimate only: never let it stop a run
         return 1e6 * case.batch_size
 

@@ -103,7 +103,11 @@ class Store:
         self._lock_fh = None
         self.folder.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        self.db.execute("PRAGMA synchronous=FULL")  # a committed trial survives power loss, not just SIGKILL
+        # A committed trial survives power loss, not just SIGKILL. Write-ahead logging: one fsync per commit instead
+        # of the rollback journal's three (a commit costs ~6 ms instead of ~20 ms here), and readers (gleak
+        # leaderboard, progress checks) never block the run. A killed writer's log is replayed on the next open.
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)
 
     @staticmethod

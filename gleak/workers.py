@@ -118,6 +118,15 @@ def _context():
     return mp.get_context("spawn")
 
 
+def prestart() -> None:
+    """Start the fork server now: it imports torch and gleak (seconds), which can overlap with what the caller does
+    before the pool starts (the CLI validates the suite meanwhile). Starts no worker and touches no file."""
+    if _context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 class _Worker:
     def __init__(self, ctx, env: TrialEnv):
         self.conn, child = ctx.Pipe()
@@ -158,22 +167,28 @@ def run_in_process(todo: list[TrialConfig], env: TrialEnv, record: Record) -> No
 
 
 def run_pool(todo: list[TrialConfig], env: TrialEnv, workers: int, record: Record) -> None:
-    """Run the trials on `workers` processes in the order given; `record` gets each result as it arrives."""
+    """Run the trials on `workers` processes in the order given; `record` gets the results as they arrive (those
+    that arrive together in one call, so that they are stored in one transaction)."""
     ctx = _context()
     queue = deque(todo)
     attempts: dict[str, int] = {}
     pool = [_Worker(ctx, env) for _ in range(min(workers, len(todo)))]
+
+    def hand_out() -> None:
+        for i, w in enumerate(pool):
+            while w.task is None and queue:
+                cfg = queue.popleft()
+                if not w.give(cfg):  # died while idle: nothing was running on it
+                    queue.appendleft(cfg)
+                    w.stop()
+                    pool[i] = w = _Worker(ctx, env)
+
     try:
-        while queue or any(w.task for w in pool):
-            for i, w in enumerate(pool):
-                while w.task is None and queue:
-                    cfg = queue.popleft()
-                    if not w.give(cfg):  # died while idle: nothing was running on it
-                        queue.appendleft(cfg)
-                        w.stop()
-                        pool[i] = w = _Worker(ctx, env)
+        hand_out()
+        while any(w.task for w in pool):
             busy = [w for w in pool if w.task is not None]
             ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy]))
+            done: Finished = []
             for i, w in enumerate(pool):
                 if w.task is None or (w.conn not in ready and w.proc.sentinel not in ready):
                     continue
@@ -184,10 +199,10 @@ def run_pool(todo: list[TrialConfig], env: TrialEnv, workers: int, record: Recor
                 except (EOFError, OSError):
                     pass
                 if row is not None:
-                    cfg, w.task = w.task, None
-                    record([(cfg, row)])
+                    done.append((w.task, row))
+                    w.task = None
                     continue
-                # No result and the pipe or the process says it is gone: the worker died under this trial.
+                # No result, and the pipe or the process says it is gone: the worker died under this trial.
                 w.proc.join(5)
                 cfg, seconds = w.task, time.perf_counter() - w.t0
                 w.stop()
@@ -195,8 +210,10 @@ def run_pool(todo: list[TrialConfig], env: TrialEnv, workers: int, record: Recor
                 if n < ATTEMPTS:
                     queue.appendleft(cfg)  # first in line again, on a fresh worker
                 else:
-                    record([(cfg, died_row(cfg, _exit_text(w.proc.exitcode), n, seconds))])
+                    done.append((cfg, died_row(cfg, _exit_text(w.proc.exitcode), n, seconds)))
                 pool[i] = _Worker(ctx, env)
+            hand_out()  # the workers go on while the results are written
+            record(done)
     finally:
         for w in pool:
             w.stop()
