@@ -80,7 +80,7 @@ class RayExecutor:
                     ray.init(address=self.address, **kw)
                 else:
                     cpus = (self.workers or max(1, (os.cpu_count() or 1) // self.threads)) * self.threads
-                    ray.init(num_cpus=cpus, **kw)
+                    ray.init(address="local", num_cpus=cpus, **kw)  # a new cluster, even where one runs already
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = f"--address {self.address}" if self.address else "a local Ray cluster"
                 raise InputError(f"{where}: Ray could not start or connect: {str(exc).strip().splitlines()[0]}") from None

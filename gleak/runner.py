@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gleak.config import CaseConfig, TrialConfig
-from gleak.store import Store
+from gleak.store import Store, release_lock, take_lock
 from gleak.suite import Suite
 from gleak.workers import Finished, TrialEnv, run_in_process, run_pool
 
 EXECUTORS = ("local", "ray")
-# A trial's cost in floating-point operations: three forward passes' worth per model pass (forward + backward),
-# plus a fixed part for data, metrics and images (about 10 ms of a core: ~1e8 operations).
+# Estimated costs are floating-point operations; every trial also has a part that does not grow with the model
+# (data, metrics, images): about 10 ms of a core, ~1e8 operations.
 FIXED_COST = 1e8
 
 
@@ -47,9 +47,9 @@ class RunSummary:
 # -- cost estimates -----------------------------------------------------------------------------------------------
 def _model_pass_cost(case: CaseConfig) -> float:
     """Floating-point operations of one forward and backward pass of the case's model on one client batch: three
-    times the forward's multiply-adds in its linear and convolution layers (counted by hooks during one forward of
-    a single zero input), plus a few per parameter for what works on
-    the whole update (defenses, distances). Falls back to a guess from the batch size when that fails."""
+    times the forward's multiply-adds in its linear and convolution layers (counted by hooks during one forward of a
+    single zero input), plus a few per parameter for what works on the whole update (defenses, distances). Falls back
+    to a guess from the batch size when that fails."""
     try:
         import torch
         from torch import nn
@@ -174,13 +174,16 @@ def run_suite(
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     out = Path(out)
     with contextlib.ExitStack() as stack:
-        store = Store.open_for_run(out)  # first: a second run on the folder stops here, having changed nothing
-        stack.callback(store.close)
+        # First the lock: a second run on the folder stops here, having changed nothing. Then Ray, so that a cluster
+        # that cannot be reached stops the run before the store is created.
+        stack.callback(release_lock, take_lock(out))
         ray = None
         if executor == "ray":
             from gleak.ray_executor import RayExecutor
 
-            ray = stack.enter_context(RayExecutor(address, workers, threads))  # connects before anything is written
+            ray = stack.enter_context(RayExecutor(address, workers, threads))
+        store = Store(out)
+        stack.callback(store.close)
         store.clean_partial_files()  # left by a run that was killed while writing an image or a report
         store.set_meta("suite", suite.name)
         store.set_meta("description", suite.description)

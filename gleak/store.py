@@ -100,7 +100,6 @@ class Store:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.path = self.folder / DB_NAME
-        self._lock_fh = None
         self.folder.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
         # A committed trial survives power loss, not just SIGKILL. Write-ahead logging: one fsync per commit instead
@@ -111,19 +110,6 @@ class Store:
         self.db.executescript(_SCHEMA)
 
     @staticmethod
-    def open_for_run(folder: str | Path) -> "Store":
-        """The store of a run: the folder's lock is taken before anything in it is created or changed, so a second
-        run on the same folder stops with InputError (one line) and leaves the folder exactly as it was."""
-        fh = take_lock(folder)
-        try:
-            store = Store(folder)
-        except BaseException:
-            release_lock(fh)
-            raise
-        store._lock_fh = fh
-        return store
-
-    @staticmethod
     def exists(folder: str | Path) -> bool:
         return (Path(folder) / DB_NAME).is_file()
 
@@ -132,10 +118,6 @@ class Store:
         if not Store.exists(folder):
             raise InputError(f"{folder}: no results here (expected {DB_NAME}; run `gleak run` first)")
         return Store(folder)
-
-    def unlock(self) -> None:
-        release_lock(self._lock_fh)
-        self._lock_fh = None
 
     # -- writing ------------------------------------------------------------------------------------------
     def set_membership(self, trials: Iterable[TrialConfig]) -> None:
@@ -194,5 +176,4 @@ class Store:
         return pd.read_sql_query(q, self.db)
 
     def close(self) -> None:
-        self.unlock()
         self.db.close()

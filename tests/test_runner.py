@@ -350,3 +350,19 @@ def test_cost_estimates_order_long_trials_first(tmp_path, monkeypatch):
     monkeypatch.setattr(ClosedForm, "estimated_cost", classmethod(lambda cls, params, case: 1e9), raising=False)
     costs = estimated_costs(trials)
     assert longest_first(trials, costs)[0].attack == "closed-form"  # a plugin's own estimate is used
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--workers", "0"], "--workers must be >= 1, got 0"),
+        (["--workers", "lots"], "--workers must be a number or 'auto', got 'lots'"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--address", "auto"], "--address names a Ray cluster: use it with --executor ray"),
+    ],
+)
+def test_bad_run_options_are_one_line_exit_2(tmp_path, gleak_cmd, run_env, args, needle):
+    r = subprocess.run(gleak_cmd + ["run", "quick", "--out", str(tmp_path / "o")] + args, env=run_env,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.strip() == f"gleak: error: {needle}"
+    assert not (tmp_path / "o").exists()
