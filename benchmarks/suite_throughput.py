@@ -19,8 +19,13 @@ Every configuration runs the whole suite into a fresh output folder through `gle
   Ray's is measured on a warm cluster with one task running at a time (slots = 1), so that it is Ray's cost and not
   the tail of a parallel run; once with batching (the default: cheap trials share a task of about 0.5 s) and once
   without (one trial per task). Ray's cold start (workers importing torch and loading data) shows in the cold run.
+- workers busy: sum of the trials' own seconds / (2 x executor time): how well the runner keeps the workers fed.
+  It does not depend on how fast the machine runs the trials; the median trial at 2 workers / at 1 worker does:
+  above 1, the two workers did not have two free cores.
 - identical metrics: every configuration's trials compared field by field with the first run's.
-The machine's load average is printed before and after: on a shared machine the efficiency is a lower bound.
+The local pool's fork server is started once at the beginning, as `gleak run` starts it while it validates the suite;
+each local run still starts its own worker processes. The machine's load is printed before and after: on a shared
+machine the efficiency is a lower bound.
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ from gleak import ray_executor, runner  # noqa: E402
 from gleak.runner import run_suite  # noqa: E402
 from gleak.suite import load_suite  # noqa: E402
 from gleak.trial import run_trial  # noqa: E402
+from gleak.workers import prestart  # noqa: E402
 
 
 METRICS = "status, error, mse, psnr, ssim, lpips, label_acc, cosine, grad_dist, matched, verdict, extra"
@@ -92,9 +98,25 @@ def line(label: str, m: dict, slots: int) -> str:
             f"({over / m['median']:6.1%} of median)")  # fmt: skip
 
 
+def busy(m: dict, slots: int) -> float:
+    """Share of the executor's time x slots that the workers spent inside trials."""
+    return m["sum"] / (m["exec"] * slots)
+
+
 def overhead(m: dict, slots: int) -> float:
     """Executor time not spent inside trials, per trial (slots run at once)."""
     return (m["exec"] * slots - m["sum"]) / m["n"]
+
+
+def machine_load() -> str:
+    """Load average, and the share of time some task waited for a CPU (Linux pressure stall information)."""
+    text = f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    try:
+        some = Path("/proc/pressure/cpu").read_text().split("\n")[0].split()
+        text += f", CPU pressure {' '.join(some[1:4])} (% of time some task waited for a CPU)"
+    except (OSError, IndexError):
+        pass
+    return text
 
 
 def main() -> int:
@@ -105,7 +127,8 @@ def main() -> int:
     args = ap.parse_args()
     paths = args.suite or [str(ROOT / "suites" / "quick.toml"), str(ROOT / "benchmarks" / "cpu-bound.toml")]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"machine: {cores} usable cores; load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"machine: {cores} usable cores; before: {machine_load()}")
+    prestart()  # as `gleak run` does while it validates the suite: the fork server imports torch once
     ray = None
     if not args.no_ray:
         import ray
@@ -127,7 +150,9 @@ def main() -> int:
             spread = ", ".join(f"{m['wall']:.2f}" for m in these)
             print(line(f"local, {workers} worker{'s' if workers > 1 else ''} (runs: {spread} s)", best[workers], workers))
         eff = best[1]["wall"] / (2 * best[2]["wall"])
-        print(f"  parallel efficiency at 2 workers: {eff:.1%} (speed-up {best[1]['wall'] / best[2]['wall']:.2f}x)")
+        print(f"  parallel efficiency at 2 workers: {eff:.1%} (speed-up {best[1]['wall'] / best[2]['wall']:.2f}x); "
+              f"workers busy {busy(best[2], 2):.1%} of the pool's time; median trial {best[2]['median'] / best[1]['median']:.2f}x "
+              f"as long as at 1 worker (1.00x on an idle machine with 2 free cores)")  # fmt: skip
         if ray is None:
             print(f"  identical metrics in all {len(runs)} runs: {all(m['metrics'] == runs[0]['metrics'] for m in runs)}")
             continue
@@ -149,7 +174,7 @@ def main() -> int:
         over = overhead(serial, 1)
         print(f"  Ray's overhead per trial (1 slot, batched): {over * 1e3:.2f} ms = {over / serial['median']:.1%} of the "
               f"median trial ({serial['median'] * 1e3:.1f} ms)")  # fmt: skip
-    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"\nafter: {machine_load()}")
     if ray is not None:
         ray.shutdown()
     return 0
