@@ -212,6 +212,7 @@ def run_suite(
         else:
             run_pool(todo, env, workers, record)
         bar.close()
+        store.clean_partial_files()  # a worker killed while writing an image; no worker runs now
         # Count failures over the whole suite, not only this run's trials.
         failed_total = int(
             store.db.execute(
