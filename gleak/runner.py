@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gleak.config import CaseConfig, TrialConfig
-from gleak.store import Store, release_lock, take_lock
+from gleak.store import CommitThread, Store, release_lock, take_lock
 from gleak.suite import Suite
 from gleak.workers import Finished, TrialEnv, run_in_process, run_pool
 
@@ -198,19 +198,22 @@ def run_suite(
         bar = stack.enter_context(contextlib.closing(Progress(len(todo), sum(costs.values()), progress and bool(todo))))
         failed = 0
 
-        def record(done: Finished) -> None:
+        def stored(done: Finished) -> None:
             nonlocal failed
-            store.put_many(done)
             for cfg, row in done:
                 failed += row["status"] != "ok"
                 bar.update(costs[cfg.trial_id], row["status"] == "ok")
 
-        if ray is not None:
-            ray.run(todo, env, record, costs)
-        elif (workers or 1) <= 1:
-            run_in_process(todo, env, record)
-        else:
-            run_pool(todo, env, workers, record)
+        writer = CommitThread(store, stored)
+        try:
+            if ray is not None:
+                ray.run(todo, env, writer.put, costs)
+            elif (workers or 1) <= 1:
+                run_in_process(todo, env, writer.put)
+            else:
+                run_pool(todo, env, workers, writer.put)
+        finally:
+            writer.close()  # everything finished is committed, also when interrupted
         bar.close()
         store.clean_partial_files()  # a worker killed while writing an image; no worker runs now
         # Count failures over the whole suite, not only this run's trials.
