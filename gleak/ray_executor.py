@@ -7,8 +7,9 @@ order) are packed into one task until it holds about TASK_SECONDS of work, never
 (so the tail still spreads over every worker). Trial rows are computed exactly as locally (`run_trial`), with the
 same torch thread count, so the metrics are identical to a local run's.
 
-Faults: Ray retries a task whose worker died once (max_retries=1). A batch that still fails is split and each of its
-trials runs alone once more; a trial that fails alone is stored as failed with the reason. Images are written by
+Faults: every trial gets two attempts, as locally. Ray retries a one-trial task whose worker died once
+(max_retries=1); a batch whose worker died is not retried but split, and each of its trials runs alone once more
+(max_retries=0). A trial whose second attempt fails too is stored as failed with the reason. Images are written by
 the driver from bytes the task returns, so workers on other machines need no shared file system; the run's plugin
 files and LPIPS weights, though, must exist at the same paths on every node (gleak itself must be installed there).
 """
@@ -124,8 +125,9 @@ class RayExecutor:
         def submit() -> None:
             while queue and len(pending) < self.slots:  # one task per slot: --workers N runs N at once
                 batch = next_batch()
-                solo = len(batch) == 1 and batch[0].trial_id in alone
-                task = self._task.options(num_cpus=self.threads, max_retries=0 if solo else 1)
+                # Two attempts per trial: Ray retries a one-trial task once; a batch is not retried but split.
+                retries = 1 if len(batch) == 1 and batch[0].trial_id not in alone else 0
+                task = self._task.options(num_cpus=self.threads, max_retries=retries)
                 pending[task.remote([c.to_json() for c in batch], env_ref)] = batch
 
         submit()
@@ -142,7 +144,7 @@ class RayExecutor:
                         alone.update(t.trial_id for t in batch)
                         queue.extendleft(reversed(batch))
                         continue
-                    rows = [died_row(batch[0], _reason(exc), 3 if batch[0].trial_id in alone else 2, 0.0)]
+                    rows = [died_row(batch[0], _reason(exc), 2, 0.0)]
                 for cfg, row in zip(batch, rows):
                     c = costs.get(cfg.trial_id, 1.0)
                     left_cost -= c

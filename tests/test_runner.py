@@ -130,16 +130,38 @@ def test_same_metrics_when_run_twice_and_with_1_or_2_workers(tmp_path, scale_sui
 
 
 def test_ray_executor_on_a_local_cluster_gives_the_same_results(tmp_path, scale_suite, reference, gleak_cmd, run_env):
+    """The scale suite through Ray matches the reference trial by trial; in the same run, a trial whose worker dies
+    once is retried and stored, one whose worker dies twice is stored as failed."""
     if not os.environ.get("CI"):
         pytest.importorskip("ray")  # CI installs it (README's set-up line): there the test must run
+    plugin = tmp_path / "faulty.py"
+    plugin.write_text(FAULTY)
+    suite = tmp_path / "scale-and-faults.toml"
+    suite.write_text(scale_suite.read_text() + textwrap.dedent(f"""
+        [[grid]]
+        name = "scale"
+        [[grid]]
+        name = "faults"
+        seeds = [0]
+        case = {{ batch_size = 1 }}
+        attack = [{{ name = "faulty", mode = "die", deaths = 1, marks = "{tmp_path / 'once'}" }},
+                  {{ name = "faulty", mode = "die", deaths = 2, marks = "{tmp_path / 'twice'}" }}]
+        defense = [{{ name = "none" }}]
+    """))  # fmt: skip
     out = tmp_path / "ray"
-    r = subprocess.run(gleak_cmd + ["run", str(scale_suite), "--out", str(out), "--no-progress", "--executor", "ray",
-                                    "--workers", "2"], env=run_env, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert "on Ray" in r.stderr and f"{N_SCALE} trials run" in r.stderr
-    assert metrics(out) == reference
+    r = subprocess.run(gleak_cmd + ["run", str(suite), "--out", str(out), "--no-progress", "--executor", "ray",
+                                    "--workers", "2", "--plugin", str(plugin)], env=run_env, capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "on Ray" in r.stderr and f"{N_SCALE + 2} trials run" in r.stderr
+    got = metrics(out)
+    assert {t: got[t] for t in reference} == reference
+    faulty = {json.loads(x["attack_params"])["deaths"]: x for x in csv.DictReader((out / "results.csv").open()) if x["attack"] == "faulty"}
+    assert faulty[1]["status"] == "ok"
+    assert faulty[2]["status"] == "failed" and faulty[2]["error"].startswith("WorkerDied") and "on all 2 attempts" in faulty[2]["error"]
+    assert len(list((tmp_path / "twice").iterdir())) == 2
     images = {p.name for p in (out / "images").glob("*.png")}  # written by the driver from bytes the tasks return
-    assert len(images) == N_SCALE // 2
+    assert len(images) == N_SCALE // 2 + 1
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert {x["image"] for x in rows if x["image"]} == images
 
