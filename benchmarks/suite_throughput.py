@@ -22,6 +22,8 @@ Every configuration runs the whole suite into a fresh output folder through `gle
 - workers busy: sum of the trials' own seconds / (2 x executor time): how well the runner keeps the workers fed.
   It does not depend on how fast the machine runs the trials; the median trial at 2 workers / at 1 worker does:
   above 1, the two workers did not have two free cores.
+- the machine now: before each suite, the same one-thread matmul loop timed in 1 process and in 2 at once: the
+  parallel efficiency the machine itself offers at that moment, for comparison (measured, not used in the others).
 - identical metrics: every configuration's trials compared field by field with the first run's.
 The local pool's fork server is started once at the beginning, as `gleak run` starts it while it validates the suite;
 each local run still starts its own worker processes. The machine's load is printed before and after: on a shared
@@ -108,6 +110,41 @@ def overhead(m: dict, slots: int) -> float:
     return (m["exec"] * slots - m["sum"]) / m["n"]
 
 
+def _spin(iterations: int, barrier, out) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.rand(192, 192, dtype=torch.float64)
+    a @ a
+    barrier.wait()
+    t0 = time.time()
+    for _ in range(iterations):
+        a @ a
+    out.put((t0, time.time()))
+
+
+def machine_parallelism(iterations: int = 600, repeat: int = 2) -> float:
+    """What two processes get from this machine now: the same one-thread matmul loop run by 1 process, then by 2 at
+    once; (time of 1) / (time of 2). 1.0 on an idle machine with two free cores; the best of `repeat` tries."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    best = 0.0
+    for _ in range(repeat):
+        times = {}
+        for n in (1, 2):
+            barrier, out = ctx.Barrier(n), ctx.Queue()
+            procs = [ctx.Process(target=_spin, args=(iterations, barrier, out)) for _ in range(n)]
+            for p in procs:
+                p.start()
+            spans = [out.get() for _ in procs]
+            for p in procs:
+                p.join()
+            times[n] = max(e for _, e in spans) - min(s for s, _ in spans)
+        best = max(best, times[1] / times[2])
+    return best
+
+
 def machine_load() -> str:
     """Load average, and the share of time some task waited for a CPU (Linux pressure stall information)."""
     text = f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -143,6 +180,9 @@ def main() -> int:
         run_trial(suite.trials[0])  # imports and data caches, as `gleak run` has them after validating the suite
         runs: list[dict] = []
         best: dict[int, dict] = {}
+        offered = machine_parallelism()
+        print(f"  the machine now: a one-thread matmul loop in 2 processes at once runs at {offered:.1%} of the speed "
+              f"of 1 process (the best 2-worker efficiency on offer; 100% on an idle machine with 2 free cores)")  # fmt: skip
         for workers in (1, 2):
             these = [measure(suite, tmp / f"{suite.name}-local{workers}-{i}", workers=workers) for i in range(args.repeat)]
             runs += these
