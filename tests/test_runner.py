@@ -337,29 +337,13 @@ def test_killing_workers_and_the_main_process_at_random_points(tmp_path, scale_s
 
 def test_cost_estimates_order_long_trials_first(tmp_path, monkeypatch):
     suite = tmp_path / "mixed.toml"
-    suite.write_text(textwrap.dedent("""
-        [suite]
-        name = "mixed"
-        [case]
-        dataset = "uniform"
-        model = "mlp"
-        batch_size = [1, 8]
-        [[attack]]
-        name = "closed-form"
-        [[attack]]
-        name = "idlg"
-        [[defense]]
-        name = "none"
-        [[grid]]
-        case = { model_params = { hidden = [16] } }
-        [[grid]]
-        case = { model_params = { hidden = [1024] } }
-    """))
+    suite.write_text(SCALE + '[[grid]]\ncase = { model_params = { hidden = [16] } }\n'
+                     '[[grid]]\ncase = { model_params = { hidden = [1024] } }\n')  # fmt: skip
     trials = load_suite(suite).trials
     costs = estimated_costs(trials)
     by = {(t.case.model_params["hidden"][0], t.case.batch_size, t.attack): costs[t.trial_id] for t in trials}
-    assert by[(1024, 1, "idlg")] > by[(16, 1, "idlg")] and by[(16, 8, "idlg")] > by[(16, 1, "idlg")]
-    assert by[(1024, 8, "idlg")] > by[(1024, 1, "idlg")]
+    assert by[(1024, 1, "idlg")] > by[(16, 1, "idlg")] and by[(16, 4, "idlg")] > by[(16, 1, "idlg")]
+    assert by[(1024, 4, "idlg")] > by[(1024, 1, "idlg")]
     order = longest_first(trials, costs)
     assert [costs[t.trial_id] for t in order] == sorted(costs.values(), reverse=True)
 
