@@ -117,6 +117,8 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     observed = send_round(defenses, updates, generator(cfg.seed, "defense"))
     observation = Observation(update=observed, knowledge=knowledge, model=observer_model(attack, model, cfg))
     rec = attack.reconstruct(observation, generator(cfg.seed, "attack"))
+    if rec.x is not None and not torch.isfinite(rec.x).all():  # say so, rather than fail later in the matching
+        raise FloatingPointError("the reconstruction has NaN or infinite pixels")
 
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
     scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights)
