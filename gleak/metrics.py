@@ -26,6 +26,8 @@ from torch import Tensor
 # Verdict bands of DLG Fig. 6 as used in seed 002: MSE below 0.03 recovered, below 0.2 partial, else defended.
 RECOVERED_MSE = 0.03
 PARTIAL_MSE = 0.2
+# A reconstruction at PSNR above 40 dB counts as exact (Robbing the Fed reports the share of a batch recovered so).
+EXACT_PSNR = 40.0
 
 
 def mse(a: Tensor, b: Tensor) -> Tensor:
@@ -180,9 +182,12 @@ def score(
 ) -> dict[str, Any]:
     """Pair reconstructions with the truth by optimal assignment and average each metric over the pairs.
 
-    Images in [0, 1]. Returns mse, psnr, ssim, lpips, cosine, label_acc, verdict, matched (None where undefined).
+    Images in [0, 1]. Returns mse, psnr, ssim, lpips, cosine, label_acc, verdict, matched, and share_psnr40: the
+    share of the batch (unmatched samples count as missed) whose reconstruction is exact, PSNR > 40 dB (None where
+    undefined).
     """
     out: dict[str, Any] = dict(mse=None, psnr=None, ssim=None, lpips=None, cosine=None, verdict=None, matched=0)
+    out["share_psnr40"] = None
     out["label_acc"] = label_accuracy(truth_labels, rec_labels)
     if rec_images is None or len(rec_images) == 0:
         return out
@@ -192,7 +197,9 @@ def score(
     t, r = truth_images[ti], rec_images[ri]
     m = mse(t, r)
     out["mse"] = float(m.mean())
-    out["psnr"] = float(psnr(t, r).mean())
+    p = psnr(t, r)
+    out["psnr"] = float(p.mean())
+    out["share_psnr40"] = float((p > EXACT_PSNR).sum()) / len(truth_images)
     out["ssim"] = float(ssim(t, r).mean())
     out["cosine"] = float(cosine(t, r).mean())
     lp = lpips(t, r, lpips_weights)
