@@ -64,8 +64,9 @@ class Imprint(Attack):
     weights into the rest of the network, all firing bins of one sample get the same dL/dz; so
     dW_i - dW_{i+1} = sum of s_j x_j and db_i - db_{i+1} = sum of s_j over the samples whose measurement falls in
     (q_i, q_{i+1}]; when exactly one does, x = (dW_i - dW_{i+1}) / (db_i - db_{i+1}) exactly (the top bin alone:
-    x = dW_k / db_k). The attack keeps the batch-size bins with the largest |db difference|. Samples below q_1 fire
-    no bin and are lost; two samples in one interval give their mixture.
+    x = dW_k / db_k). The attack keeps the batch-size bins with the largest |db difference|; when fewer bins have a
+    non-zero difference (collisions, pruning) it fills the batch with the blind guess, the mean image. Samples below
+    q_1 fire no bin and are lost; two samples in one interval give their mixture.
 
     Parameters
     ----------
@@ -132,10 +133,12 @@ class Imprint(Attack):
         ddw = torch.cat([dw[:-1] - dw[1:], dw[-1:]])
         ddb = torch.cat([db[:-1] - db[1:], db[-1:]])
         usable = torch.nonzero(ddb != 0).flatten()
-        extra = {"bins_usable": int(len(usable))}
+        batch = k.batch_size or 1
+        rows = usable[torch.argsort(ddb[usable].abs(), descending=True, stable=True)][:batch]
+        # One image per sample: where fewer bins can be read (collisions, pruning) the rest is the blind guess, the
+        # mean image (zero in normalised input space), so that scores average over the whole batch.
+        x = torch.zeros((batch, dw.shape[1]), dtype=torch.float64)
+        x[: len(rows)] = ddw[rows] / ddb[rows].unsqueeze(1)
         dtype = update[f"{ENCODER}.weight"].dtype
-        if len(usable) == 0:  # nothing left to divide (everything pruned): the attacker can only guess the mean
-            return Reconstruction(x=torch.zeros((1, *k.input_shape), dtype=dtype), extra=extra)
-        rows = usable[torch.argsort(ddb[usable].abs(), descending=True, stable=True)][: k.batch_size or 1]
-        x = ddw[rows] / ddb[rows].unsqueeze(1)
-        return Reconstruction(x=x.to(dtype).reshape(len(rows), *k.input_shape), extra=extra)
+        extra = {"bins_usable": int(len(usable))}
+        return Reconstruction(x=x.to(dtype).reshape(batch, *k.input_shape), extra=extra)
