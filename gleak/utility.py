@@ -11,8 +11,8 @@ The loop (`federated_training`): the train split is shuffled once and dealt into
 round every client draws its batch uniformly without replacement from its own shard (batch_size samples, or
 batch_size x local_steps for FedAvg), computes its update through its defense's `client_gradient` hook (FedSGD: one
 gradient; FedAvg: local_steps SGD steps at lr on consecutive mini-batches, sending w_before - w_after) and sends
-`defense.transform(update)`; the server averages what the clients sent and steps (FedSGD: w -= lr * mean; FedAvg:
-w -= mean). One defense instance per client, reset once, so stateful defenses (error feedback) keep their state
+`defense.transform(update)`; the server applies the mean of what the clients sent (gleak.protocol.server_step:
+FedSGD w -= lr * mean gradient; FedAvg w -= mean delta). One defense instance per client, reset once, so stateful defenses (error feedback) keep their state
 across rounds. A protocol defense that replaces federated training altogether (CGD) trains in its own
 `train_utility` and the loop is not used. Accuracy: top-1 on the whole test split after the last round.
 
@@ -41,9 +41,9 @@ from gleak.config import UtilityConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset
 from gleak.models import create_model
 from gleak.plugin import Defense
-from gleak.protocol import fedavg_update, fedsgd_update, send_all, trainable
+from gleak.protocol import fedavg_update, fedsgd_update, server_step, transmit
 from gleak.registry import create
-from gleak.threat import ClientBatch, Update
+from gleak.threat import ClientBatch
 
 # Bump when a change to gleak alters what an existing utility config computes, so that stored runs are not reused.
 UTILITY_FORMAT = 1
@@ -127,11 +127,7 @@ def federated_training(
                 updates.append(fedavg_update(model, batch, cfg.lr, cfg.local_steps, cfg.batch_size, d, client_rngs[i]))
             else:
                 updates.append(fedsgd_update(model, batch, d, client_rngs[i]))
-        total = Update.sum(send_all(defenses, updates, defense_rng, f"round {r}: "))
-        step = (cfg.lr if not fedavg else 1.0) / cfg.clients  # the server steps along the clients' mean
-        with torch.no_grad():
-            for n, p in trainable(model):
-                p.sub_(total[n], alpha=step)
+        model = server_step(model, transmit(defenses, updates, defense_rng, f"round {r}: "), cfg.lr)
         if r in marks:
             curve.append([r, accuracy(model, xt, yt)])
         if on_round is not None:

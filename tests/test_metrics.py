@@ -107,3 +107,14 @@ def test_lpips_from_the_torch_hub_cache_is_the_lpips_packages_own(monkeypatch, t
     with torch.no_grad():
         ref_grey = ref_model(a[:, :1].expand(-1, 3, -1, -1) * 2 - 1, b[:, :1].expand(-1, 3, -1, -1) * 2 - 1).flatten()
     assert torch.allclose(grey, ref_grey.double(), rtol=1e-5, atol=1e-7)
+
+
+def test_exact_share_keeps_exact_pairs_the_mse_pairing_would_trade_away():
+    from gleak.metrics import exact_share, match
+
+    truth = torch.tensor([0.5, 0.6]).view(2, 1, 1, 1)
+    rec = torch.tensor([0.5, 0.0]).view(2, 1, 1, 1)  # the first is exact; the second a poor guess
+    rows, cols = match(truth, rec)
+    assert list(cols[rows.argsort()]) == [1, 0]  # lower total MSE by giving the exact one to the other image
+    assert exact_share(truth, rec) == 0.5
+    assert exact_share(truth, rec[:1]) == 0.5 and exact_share(truth, truth + 0.05) == 0.0
