@@ -108,24 +108,48 @@ class TrialConfig:
 @dataclass(frozen=True)
 class UtilityConfig:
     """Keys of a suite's [utility] table: federated training on real data, the defense on every client's update,
-    test accuracy against the same training without it."""
+    test accuracy against the same training without it (gleak.utility)."""
 
     dataset: str = "fashion-mnist"
     model: str = "mlp"
     model_params: dict[str, Any] = field(default_factory=dict)
     data_root: str | None = None
+    download: bool = False
     resolution: int | None = None
     channels: int | None = None
     algorithm: Literal["fedsgd", "fedavg"] = "fedsgd"
-    clients: int = 10  # clients per round
+    clients: int = 10  # all take part in every round; the train split is dealt into this many IID shards
     rounds: int = 200
-    lr: float = 0.1
+    lr: float = 0.1  # fedsgd: the server's step on the mean gradient; fedavg: the clients' local step (server step 1)
     batch_size: int = 32  # per client and round (fedsgd) or per local step (fedavg)
     local_steps: int = 1  # fedavg only
+    delta: float = 1e-5  # of the (epsilon, delta) reported for defenses that define one
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+UTILITY_FIELDS = {f.name: f for f in dataclasses.fields(UtilityConfig)}
+
+
+def check_utility_values(u: UtilityConfig) -> list[tuple[str, str]]:
+    """(key, problem) pairs for [utility] values that have the right type but are out of range."""
+    problems = []
+    for key in ("clients", "rounds", "batch_size", "local_steps"):
+        if getattr(u, key) < 1:
+            problems.append((key, f"must be >= 1, got {getattr(u, key)}"))
+    if not u.lr > 0:
+        problems.append(("lr", f"must be > 0, got {u.lr}"))
+    if not 0 < u.delta < 1:
+        problems.append(("delta", f"must be in (0, 1), got {u.delta}"))
+    if u.resolution is not None and u.resolution < 4:
+        problems.append(("resolution", f"must be >= 4, got {u.resolution}"))
+    if u.channels not in (None, 1, 3):
+        problems.append(("channels", f"must be 1 or 3, got {u.channels}"))
+    if u.algorithm == "fedsgd" and u.local_steps != 1:
+        problems.append(("local_steps", "applies to algorithm 'fedavg' only"))
+    return problems
 
 
 def derive_seed(seed: int, purpose: str) -> int:

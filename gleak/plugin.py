@@ -73,6 +73,9 @@ class Defense(Plugin):
         across rounds (error feedback); `reset` clears it. Must not modify its input.
     observe: given the transformed updates of all clients in a round (the victim first), return what the observer
         sees. The default is the victim's own update (a server that sees each client's update).
+    client_gradient: how the client computes each gradient inside its own computation (the FedSGD update, and every
+        local step of FedAvg), before `transform`. The default is the plain gradient of the mean loss; DP-SGD
+        overrides it to clip per example and add noise.
     """
 
     stateful: ClassVar[bool] = False
@@ -85,6 +88,13 @@ class Defense(Plugin):
 
     def observe(self, updates: list[Update], rng: torch.Generator) -> Update:
         return updates[0]
+
+    def client_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        """The client's gradient of its loss on (x, y) at the model's parameters, one tensor per trainable parameter
+        (by name). Must not modify the model; randomness from `rng` (the client's own generator)."""
+        from gleak.protocol import batch_gradient  # protocol imports this module
+
+        return batch_gradient(model, x, y)
 
     def epsilon(self, *, delta: float, sample_rate: float, steps: int) -> float | None:
         """The (epsilon, delta)-DP guarantee of this defense where one is defined, else None."""

@@ -216,6 +216,9 @@ def run_suite(
             writer.close()  # everything finished is committed, also when interrupted
         bar.close()
         store.clean_partial_files()  # a worker killed while writing an image; no worker runs now
+        from gleak.utility import run_suite_utility
+
+        util_failed = run_suite_utility(suite, store, progress, workers or 1)  # accuracy under each defense
         # Count failures over the whole suite, not only this run's trials.
         failed_total = int(
             store.db.execute(
@@ -223,4 +226,4 @@ def run_suite(
             ).fetchone()[0]
         )
         write_reports(out, suite.name, suite.description)
-    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total))
+    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed)

@@ -78,10 +78,15 @@ def observer_model(attack: Attack, model: nn.Module, cfg: TrialConfig) -> nn.Mod
     return mine
 
 
-def client_update(model: nn.Module, batch: ClientBatch, cfg: TrialConfig) -> Update:
+def client_update(
+    model: nn.Module, batch: ClientBatch, cfg: TrialConfig, defense: Defense | None = None, client: int = 0, tag: str = ""
+) -> Update:
+    """Client `client`'s update; its gradients come from the defense's `client_gradient` hook (plain by default),
+    which draws from the client's own generator (`tag` names the round for the warm-up rounds)."""
+    rng = generator(cfg.seed, f"client/{client}{tag}")
     if cfg.case.update == "fedavg":
-        return fedavg_update(model, batch, cfg.case.local_lr, cfg.case.local_steps)
-    return fedsgd_update(model, batch)
+        return fedavg_update(model, batch, cfg.case.local_lr, cfg.case.local_steps, defense=defense, rng=rng)
+    return fedsgd_update(model, batch, defense, rng)
 
 
 def warm_up(
@@ -92,7 +97,8 @@ def warm_up(
     state on. Returns the global model the attacked round starts from and what the observer saw in each round."""
     seen = []
     for r in range(cfg.case.rounds):
-        updates = [client_update(model, b, cfg) for b in draw_batches(ds, cfg, DTYPES[cfg.case.dtype], f"data/round-{r}")]
+        batches = draw_batches(ds, cfg, DTYPES[cfg.case.dtype], f"data/round-{r}")
+        updates = [client_update(model, b, cfg, d, i, f"/round-{r}") for i, (b, d) in enumerate(zip(batches, defenses))]
         rng = generator(cfg.seed, f"defense/round-{r}")
         sent = transmit(defenses, updates, rng)
         seen.append(Observation(defenses[0].observe(sent, rng), knowledge, observer_model(attack, model, cfg)))
@@ -131,7 +137,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     model, history = warm_up(model, defenses, ds, cfg, attack, knowledge)
     model = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
 
-    updates = [client_update(model, b, cfg) for b in batches]
+    updates = [client_update(model, b, cfg, d, i) for i, (b, d) in enumerate(zip(batches, defenses))]
     observed = send_round(defenses, updates, generator(cfg.seed, "defense"))
     observation = Observation(observed, knowledge, observer_model(attack, model, cfg), rounds=history)
     rec = attack.reconstruct(observation, generator(cfg.seed, "attack"))
@@ -140,7 +146,9 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
 
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
     scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights)
-    scores["grad_dist"] = relative_distance(updates[0].flat(), observed.flat())
+    # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
+    plain = updates[0] if type(defenses[0]).client_gradient is Defense.client_gradient else client_update(model, victim, cfg)
+    scores["grad_dist"] = relative_distance(plain.flat(), observed.flat())
     share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
     extra = rec.extra if share is None else {"share_psnr40": share, **rec.extra}
     scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
