@@ -33,6 +33,14 @@ class CaseConfig:
     update: Literal["fedsgd", "fedavg"] = "fedsgd"
     local_steps: int = 1  # fedavg only
     local_lr: float = 0.1  # fedavg only
+    # The attacked model (gleak.pretrain): "untrained" (fresh init from the trial seed) or "trained" first for
+    # train_steps SGD steps on the case's training split; one trained model per case, whatever the trial seed.
+    model_state: Literal["untrained", "trained"] = "untrained"
+    train_steps: int = 500
+    train_lr: float = 0.01
+    train_batch_size: int = 32
+    train_seed: int = 0
+    model_mode: Literal["train", "eval"] = "train"  # BatchNorm statistics when the client computes its update
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -54,6 +62,9 @@ def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
         problems.append(("channels", f"must be 1 or 3, got {case.channels}"))
     if case.local_steps < 1:
         problems.append(("local_steps", f"must be >= 1, got {case.local_steps}"))
+    if case.train_steps < 1 or case.train_batch_size < 1 or case.train_lr <= 0:
+        key = "train_steps" if case.train_steps < 1 else "train_batch_size" if case.train_batch_size < 1 else "train_lr"
+        problems.append((key, f"must be > 0, got {getattr(case, key)}"))
     return problems
 
 

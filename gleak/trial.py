@@ -20,8 +20,8 @@ from torch import nn
 from gleak.config import TrialConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset, sample_indices
 from gleak.metrics import relative_distance, score
-from gleak.models import create_model
 from gleak.plugin import Attack, Defense
+from gleak.pretrain import build_model
 from gleak.protocol import fedavg_update, fedsgd_update, send_round
 from gleak.registry import create
 from gleak.threat import ClientBatch, Knowledge, Observation, Update, denormalize
@@ -107,10 +107,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public)
 
-    model = create_model(
-        cfg.case.model, ds.input_shape, ds.num_classes, seed=derive_seed(cfg.seed, "model"), dtype=dtype,
-        **cfg.case.model_params,
-    )
+    model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
     model = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
 
     updates = [client_update(model, b, cfg) for b in batches]
@@ -121,7 +118,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
     scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights)
     scores["grad_dist"] = relative_distance(updates[0].flat(), observed.flat())
-    scores["extra"] = {k: _finite_or_none(v) for k, v in rec.extra.items()}
+    scores["extra"] = {k: _finite_or_none(v) for k, v in {**model_info, **rec.extra}.items()}
     scores["_images"] = (victim.images(), rec_images)
     return scores
 
