@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gleak.attacks._gradmatch import FIXED_LABELS, attack_model, fixed_labels, flat_gradient, observed_gradient
+from gleak.attacks._gradmatch import FIXED_LABELS, attack_model, fixed_labels, observed_gradient, param_gradients, squared_distance
 from gleak.errors import UnsupportedCase
 from gleak.plugin import Attack
 from gleak.registry import register_attack
@@ -88,7 +88,7 @@ class DLG(Attack):
             raise UnsupportedCase("DLG needs the batch size")
         dtype = params[0].dtype
         gradient, extra = observed_gradient(observation.update, names, dtype)
-        target = gradient.flat()
+        target = list(gradient)
 
         x = torch.randn((k.batch_size, *k.input_shape), generator=rng, dtype=dtype).requires_grad_(True)
         if self.labels == "soft":
@@ -104,7 +104,7 @@ class DLG(Attack):
         def closure() -> Tensor:
             nonlocal evaluations
             evaluations += 1
-            dist = (flat_gradient(model, params, x, loss_fn, label_arg) - target).pow(2).sum()
+            dist = squared_distance(param_gradients(model, params, x, loss_fn, label_arg), target)
             # Gradients for the dummies only: .backward() would also fill every parameter's .grad, for nothing.
             for v, g in zip(variables, torch.autograd.grad(dist, variables)):
                 v.grad = g
@@ -123,6 +123,6 @@ class DLG(Attack):
         with torch.enable_grad():
             xf = x_final.clone().requires_grad_(True)
             final_arg = last[1] if self.labels == "soft" else label_arg
-            match = float((flat_gradient(model, params, xf, loss_fn, final_arg) - target).pow(2).sum().detach())
+            match = float(squared_distance(param_gradients(model, params, xf, loss_fn, final_arg), target).detach())
         extra.update(match_loss=match, evaluations=evaluations, stopped_at=stopped_at)
         return Reconstruction(x=x_final, y=y_final.long(), extra=extra)

@@ -21,9 +21,10 @@ from torch import Tensor, nn
 from gleak.attacks._gradmatch import (
     FIXED_LABELS,
     attack_model,
+    cosine_distance,
     fixed_labels,
-    flat_gradient,
     observed_gradient,
+    param_gradients,
     train_mode_batchnorm,
 )
 from gleak.errors import UnsupportedCase
@@ -48,10 +49,6 @@ def total_variation(x: Tensor) -> Tensor:
 def milestones(iterations: int) -> tuple[int, int, int]:
     """Iterations from which the learning rate is x0.1, x0.01, x0.001: 3/8, 5/8 and 7/8 of the run."""
     return (iterations * 3 // 8, iterations * 5 // 8, iterations * 7 // 8)
-
-
-def cosine_distance(flat: Tensor, target: Tensor, target_norm: Tensor) -> Tensor:
-    return 1 - (flat @ target) / (flat.norm() * target_norm).clamp_min(torch.finfo(flat.dtype).tiny)
 
 
 @register_attack("inverting-gradients")
@@ -137,8 +134,8 @@ class InvertingGradients(Attack):
             raise UnsupportedCase("inverting-gradients needs the batch size and the data mean/std")
         dtype = params[0].dtype
         gradient, extra = observed_gradient(observation.update, names, dtype)
-        target = gradient.flat()
-        target_norm = target.norm()
+        target = list(gradient)
+        target_norm = torch.stack([t.pow(2).sum() for t in target]).sum().sqrt()
         y = fixed_labels(self.labels, gradient, model, k, k.batch_size, rng)
         x = torch.randn((self.restarts, k.batch_size, *k.input_shape), generator=rng, dtype=dtype)
         lo = ((0 - k.mean) / k.std).to(dtype).view(-1, 1, 1)
@@ -174,7 +171,7 @@ class InvertingGradients(Attack):
         return self.restarts > 1 and sum(p.numel() for p in params) < VMAP_MAX_PARAMS
 
     def _gradient_function(
-        self, model: nn.Module, names: list[str], params: list[nn.Parameter], y: Tensor, target: Tensor, target_norm: Tensor
+        self, model: nn.Module, names: list[str], params: list[nn.Parameter], y: Tensor, target: list[Tensor], target_norm: Tensor
     ) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
         """x (R, B, C, H, W) -> (d objective / dx for every restart, the cosine distances (R,))."""
         tv = self.tv_weight
@@ -190,7 +187,7 @@ class InvertingGradients(Attack):
                     return F.cross_entropy(functional_call(model, (w, buffers), (xr,)), y)
 
                 g = grad(loss_of)(weights)
-                rec = cosine_distance(torch.cat([g[n].reshape(-1) for n in names]), target, target_norm)
+                rec = cosine_distance([g[n] for n in names], target, target_norm)
                 return (rec + tv * total_variation(xr) if tv > 0 else rec), rec
 
             batched = vmap(grad(objective, has_aux=True))
@@ -200,7 +197,7 @@ class InvertingGradients(Attack):
             out, losses = torch.empty_like(x), x.new_empty(x.shape[0])
             for r in range(x.shape[0]):
                 xr = x[r].detach().requires_grad_(True)
-                rec = cosine_distance(flat_gradient(model, params, xr, F.cross_entropy, y), target, target_norm)
+                rec = cosine_distance(param_gradients(model, params, xr, F.cross_entropy, y), target, target_norm)
                 obj = rec + tv * total_variation(xr) if tv > 0 else rec
                 (out[r],) = torch.autograd.grad(obj, xr)
                 losses[r] = rec.detach()
@@ -209,6 +206,6 @@ class InvertingGradients(Attack):
         return one_by_one
 
     @staticmethod
-    def _final_loss(model: nn.Module, params: list[nn.Parameter], x: Tensor, y: Tensor, target: Tensor, norm: Tensor) -> Tensor:
+    def _final_loss(model: nn.Module, params: list[nn.Parameter], x: Tensor, y: Tensor, target: list[Tensor], norm: Tensor) -> Tensor:
         grads = torch.autograd.grad(F.cross_entropy(model(x), y), params)
-        return cosine_distance(torch.cat([g.reshape(-1) for g in grads]), target, norm).detach()
+        return cosine_distance(grads, target, norm).detach()

@@ -126,8 +126,8 @@ def test_vmapped_restarts_compute_the_same_gradient_as_the_loop():
         from gleak.attacks._gradmatch import attack_model
 
         model, names, params = attack_model(obs)
-        target = obs.update.flat()
-        fn = atk._gradient_function(model, names, params, torch.tensor([0, 1]), target, target.norm())
+        target = list(obs.update)
+        fn = atk._gradient_function(model, names, params, torch.tensor([0, 1]), target, obs.update.flat().norm())
         x = torch.randn(3, 2, *obs.knowledge.input_shape, generator=torch.Generator().manual_seed(1))
         outs[mode] = fn(x)
     assert torch.allclose(outs["vmap"][0], outs["loop"][0], atol=1e-6, rtol=1e-4)
