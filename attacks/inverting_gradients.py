@@ -146,9 +146,9 @@ class InvertingGradients(Attack):
         opt = torch.optim.Adam([x], lr=self.lr)
         marks = milestones(self.n_iterations) if self.lr_decay else ()
         for i in range(self.n_iterations):
-            if i in marks:
+            if i in marks:  # x0.1 per milestone passed (coinciding milestones of very short runs all count)
                 for group in opt.param_groups:
-                    group["lr"] *= 0.1
+                    group["lr"] = self.lr * 0.1 ** sum(i >= m for m in marks)
             g, _ = grad_fn(x.detach())
             x.grad = g.sign_() if self.signed else g
             opt.step()
