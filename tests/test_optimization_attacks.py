@@ -229,3 +229,11 @@ def test_leaderboard_keeps_trained_and_untrained_apart():
     agg = aggregate(pd.DataFrame([row("untrained", 40.0), row("untrained", 44.0), row("trained", 10.0)]))
     assert sorted(agg["variant"]) == ["model_state=trained", "model_state=untrained"]
     assert sorted(agg["psnr"]) == [10.0, 42.0]
+
+
+@pytest.mark.parametrize("attack,params", [("dlg", {"iterations": 2, "max_iter": 5}),
+                                           ("inverting-gradients", {"iterations": 5, "labels": "bias-sign"})])  # fmt: skip
+def test_batches_are_reconstructed_whole_and_matched(attack, params):
+    case = CaseConfig(dataset="skimage", model="lenet", resolution=16, batch_size=4)
+    s = execute(TrialConfig("t", attack, params, "none", {}, case, 0))
+    assert s["matched"] == 4 and s["label_acc"] is not None
