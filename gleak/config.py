@@ -34,9 +34,20 @@ class CaseConfig:
     local_steps: int = 1  # fedavg only
     local_lr: float = 0.1  # SGD step: fedavg's local steps; in warm-up rounds also the server's step on FedSGD gradients
     rounds: int = 0  # warm-up rounds the clients train under the defense before the attacked round
+    # The attacked model (gleak.pretrain): "untrained" (fresh init from the trial seed) or "trained" first for
+    # train_steps SGD steps on the case's training split; one trained model per case, whatever the trial seed.
+    model_state: Literal["untrained", "trained"] = "untrained"
+    train_steps: int = 500
+    train_lr: float = 0.01
+    train_batch_size: int = 32
+    train_seed: int = 0
+    model_mode: Literal["train", "eval"] = "train"  # BatchNorm statistics when the client computes its update
 
     # Fields added after TRIAL_FORMAT 1: part of a trial's identity only when set, so existing trial ids stay valid.
-    LATER_FIELDS: ClassVar[dict[str, Any]] = {"rounds": 0}
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {
+        "rounds": 0, "model_state": "untrained", "train_steps": 500, "train_lr": 0.01, "train_batch_size": 32,
+        "train_seed": 0, "model_mode": "train",
+    }
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -64,6 +75,9 @@ def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
         problems.append(("local_steps", f"must be >= 1, got {case.local_steps}"))
     if case.rounds < 0:
         problems.append(("rounds", f"must be >= 0, got {case.rounds}"))
+    if case.train_steps < 1 or case.train_batch_size < 1 or case.train_lr <= 0:
+        key = "train_steps" if case.train_steps < 1 else "train_batch_size" if case.train_batch_size < 1 else "train_lr"
+        problems.append((key, f"must be > 0, got {getattr(case, key)}"))
     return problems
 
 

@@ -69,9 +69,25 @@ def _numeric_extras(series: pd.Series) -> dict[str, float]:
     return {k: float(np.mean(v)) for k, v in vals.items()}
 
 
+def case_variants(df: pd.DataFrame) -> pd.Series:
+    """Per trial, the case settings that differ between trials of one dataset/model/batch size (for example
+    model_state=trained), as 'k=v, ...', so that such trials are not averaged together; '' where none differ."""
+    out = pd.Series("", index=df.index, dtype=object)
+    if "case" not in df.columns:
+        return out
+    for _, g in df.groupby(CASE_KEYS, sort=False, dropna=False):
+        cases = {i: json.loads(s) if isinstance(s, str) and s else {} for i, s in g["case"].items()}
+        keys = sorted(set().union(*cases.values()) - set(CASE_KEYS))
+        varying = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in cases.values()}) > 1]
+        for i, c in cases.items():
+            out[i] = ", ".join(f"{k}={c.get(k)}" for k in varying)
+    return out
+
+
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (case, defense, defense params, attack, attack params) over the trials that finished."""
-    keys = CASE_KEYS + ["defense", "defense_params", "attack", "attack_params"]
+    keys = CASE_KEYS + ["variant", "defense", "defense_params", "attack", "attack_params"]
+    df = df.assign(variant=case_variants(df))
     rows = []
     for key, g in df.groupby(keys, sort=False, dropna=False):
         ok = g[g.status == "ok"]
@@ -170,7 +186,8 @@ def attack_ranking(agg: pd.DataFrame) -> pd.DataFrame:
 
 
 def _case_text(r: Any) -> str:
-    return f"{r['dataset']}/{r['model']}/B={r['batch_size']}"
+    variant = f" ({r['variant']})" if r.get("variant") else ""
+    return f"{r['dataset']}/{r['model']}/B={r['batch_size']}{variant}"
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -306,8 +323,9 @@ def leaderboard_document(
             doc.append(("figure", rel, caption))
 
     doc.append(("h2", "Results by case"))
-    for case_key, g in agg.groupby(CASE_KEYS, sort=False):
-        doc.append(("h3", f"dataset={case_key[0]} model={case_key[1]} batch size={case_key[2]}"))
+    for case_key, g in agg.groupby(CASE_KEYS + ["variant"], sort=False):
+        variant = f" {case_key[3]}" if case_key[3] else ""
+        doc.append(("h3", f"dataset={case_key[0]} model={case_key[1]} batch size={case_key[2]}{variant}"))
         h = ["defense", "params", "attack", "attack params", "trials", "PSNR", "MSE (median)", "SSIM", "LPIPS",
              "cosine", "label acc", "labels exact", "recovered", "verdict", "grad dist", "diagnostics"]  # fmt: skip
         rows = [[r["defense"], _params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"])), r["attack"],

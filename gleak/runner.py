@@ -185,6 +185,7 @@ def run_suite(
         store = Store(out)
         stack.callback(store.close)
         store.clean_partial_files()  # left by a run that was killed while writing an image or a report
+        store.rekey()  # trials stored before a compatible change of the id rule keep counting as finished
         store.set_meta("suite", suite.name)
         store.set_meta("description", suite.description)
         store.set_membership(suite.trials)

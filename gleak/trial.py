@@ -21,8 +21,8 @@ from torch import nn
 from gleak.config import TrialConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset, sample_indices
 from gleak.metrics import relative_distance, score
-from gleak.models import create_model
 from gleak.plugin import Attack, Defense
+from gleak.pretrain import build_model
 from gleak.protocol import fedavg_update, fedsgd_update, send_round, server_step, transmit
 from gleak.registry import create
 from gleak.threat import ClientBatch, Knowledge, Observation, Update, denormalize
@@ -130,10 +130,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public)
 
-    model = create_model(
-        cfg.case.model, ds.input_shape, ds.num_classes, seed=derive_seed(cfg.seed, "model"), dtype=dtype,
-        **cfg.case.model_params,
-    )
+    model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
     model, history = warm_up(model, defenses, ds, cfg, attack, knowledge)
     model = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
 
@@ -150,7 +147,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     plain = updates[0] if type(defenses[0]).client_gradient is Defense.client_gradient else client_update(model, victim, cfg)
     scores["grad_dist"] = relative_distance(plain.flat(), observed.flat())
     share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
-    extra = rec.extra if share is None else {"share_psnr40": share, **rec.extra}
+    extra = {**model_info, **rec.extra} if share is None else {"share_psnr40": share, **model_info, **rec.extra}
     scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
     scores["_images"] = (victim.images(), rec_images)
     return scores
