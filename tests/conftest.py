@@ -7,6 +7,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one thread is faster than two, and far faster when other processes load the cores. Use with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def gleak_cmd():
     """The CLI as a subprocess command (so exit codes and stderr are the user's)."""

@@ -15,12 +15,7 @@ from gleak.trial import run_trial
 from gleak.utility import accounting, load_utility_data, run_utility
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _mlp_batch(n=6, seed=0):

@@ -18,13 +18,7 @@ from gleak.trial import execute
 LENET16 = CaseConfig(dataset="skimage", model="lenet", resolution=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread is faster than two, and far faster when other processes load the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _lenet_observation(seed=0, batch_size=1, labels=False):

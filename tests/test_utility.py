@@ -24,14 +24,8 @@ TINY = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [32
                      rounds=6, batch_size=8, lr=0.1)  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Utility runs use one torch thread (gleak.utility.run_utilities does the same): small models lose more to
-    threads fighting over shared cores than they gain."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Utility runs use one torch thread (gleak.utility.run_utilities does the same).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @gleak.register_defense("test-counting")
