@@ -183,11 +183,14 @@ def reconstruction_grid(cells, image_dir: Path, path: Path, title: str) -> Path 
         head = f"attack: {cols[0]}; {head}"
     else:  # rows: defenses, columns: attacks
         wrap = {r: textwrap.fill(r, 24, break_on_hyphens=False) for r in rows}
+        # Column heads wrapped to the cell's width (about 12 bold characters per inch at 9 pt).
+        heads = {c: textwrap.fill(c, max(8, int(cell_w * 12)), break_on_hyphens=False) for c in cols}
+        head_h = 0.15 * (max(h.count("\n") for h in heads.values()))
         label_w = 0.3 + 0.075 * max(len(line) for r in rows for line in wrap[r].splitlines())
         cell_h = img_h + 0.3
-        fig = Figure(figsize=(label_w + cell_w * len(cols) + 0.2, 0.9 + cell_h * len(rows)), dpi=100)
+        fig = Figure(figsize=(label_w + cell_w * len(cols) + 0.2, 0.9 + head_h + cell_h * len(rows)), dpi=100)
         fig.subplots_adjust(left=label_w / fig.get_figwidth(), right=1 - 0.2 / fig.get_figwidth(),
-                            top=1 - 0.8 / fig.get_figheight(), bottom=0.1 / fig.get_figheight(), hspace=0.36 / cell_h,
+                            top=1 - (0.8 + head_h) / fig.get_figheight(), bottom=0.1 / fig.get_figheight(), hspace=0.36 / cell_h,
                             wspace=0.08)  # fmt: skip
         axes = fig.subplots(len(rows), len(cols), squeeze=False)
         for i, r in enumerate(rows):
@@ -196,7 +199,7 @@ def reconstruction_grid(cells, image_dir: Path, path: Path, title: str) -> Path 
                 _image_panel(ax, entry)
                 ax.set_title(_psnr_text(entry[1]) if entry else "", fontsize=8, pad=2)
                 if i == 0:
-                    ax.annotate(c, (0.5, 1.0), xytext=(0, 14), xycoords="axes fraction", textcoords="offset points",
+                    ax.annotate(heads[c], (0.5, 1.0), xytext=(0, 14), xycoords="axes fraction", textcoords="offset points",
                                 ha="center", va="bottom", fontsize=9, fontweight="bold")  # fmt: skip
                 if j == 0:
                     ax.set_ylabel(wrap[r], rotation=0, ha="right", va="center", fontsize=8, labelpad=6)
