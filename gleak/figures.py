@@ -184,7 +184,7 @@ def reconstruction_grid(cells, image_dir: Path, path: Path, title: str) -> Path 
     else:  # rows: defenses, columns: attacks
         wrap = {r: textwrap.fill(r, 24, break_on_hyphens=False) for r in rows}
         # Column heads wrapped to the cell's width (about 12 bold characters per inch at 9 pt).
-        heads = {c: textwrap.fill(c, max(8, int(cell_w * 12)), break_on_hyphens=False) for c in cols}
+        heads = {c: textwrap.fill(c, max(8, int(cell_w * 12)), break_on_hyphens=False, break_long_words=False) for c in cols}
         head_h = 0.15 * (max(h.count("\n") for h in heads.values()))
         label_w = 0.3 + 0.075 * max(len(line) for r in rows for line in wrap[r].splitlines())
         cell_h = img_h + 0.3

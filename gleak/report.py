@@ -530,19 +530,21 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
             out.append((rel, caption))
 
     # Reconstruction grids: one per case; rows defense configs (suite order), columns attacks; first seed with an image.
-    ok = df[(df["status"] == "ok") & df["image"].notna()]
-    for case_key, g in ok.groupby(CASE_KEYS, sort=False):
+    ok = df.assign(variant=case_variants(df))
+    ok = ok[(ok["status"] == "ok") & ok["image"].notna()]
+    for case_key, g in ok.groupby(CASE_KEYS + ["variant"], sort=False):  # a case variant (trained, ...) apart
         g = g.sort_values("seed", kind="stable")
+        case = f"{case_key[0]}/{case_key[1]}/B={case_key[2]}" + (f" ({case_key[3]})" if case_key[3] else "")
         first = g.drop_duplicates(["defense", "defense_params", "attack", "attack_params"])
         cells = pd.DataFrame({
             "row_label": [_defense_label(r["defense"], r["defense_params"], vd) for _, r in first.iterrows()],
             "col_label": [_attack_label(r["attack"], r["attack_params"], va) for _, r in first.iterrows()],
             "image": first["image"].tolist(), "psnr": first["psnr"].tolist(),
         })  # fmt: skip
-        name = f"reconstructions_{_slug('_'.join(str(k) for k in case_key))}.png"
-        title = f"Reconstructions, {case_key[0]}/{case_key[1]}, batch size {case_key[2]}, seed {int(g['seed'].min())}"
+        name = f"reconstructions_{_slug('_'.join(str(k) for k in case_key if k != ''))}.png"
+        title = f"Reconstructions, {case}, seed {int(g['seed'].min())}"
         add(fg.reconstruction_grid(cells, folder / "images", fig_dir / name, title),
-            f"Reconstructions per attack (columns) and defense (rows), {case_key[0]}/{case_key[1]}/B={case_key[2]}.")
+            f"Reconstructions per attack (columns) and defense (rows), {case}.")
 
     # Each metric against defense strength, one line per attack (worst case over cases per configuration).
     worst = agg.groupby(["defense", "defense_params", "attack", "attack_params"], sort=False).agg(
