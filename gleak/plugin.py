@@ -60,6 +60,9 @@ class Defense(Plugin):
         across rounds (error feedback); `reset` clears it. Must not modify its input.
     observe: given the transformed updates of all clients in a round (the victim first), return what the observer
         sees. The default is the victim's own update (a server that sees each client's update).
+    Protocols in which clients do not share one model (CGD's confined models) or that run several observed rounds
+    also override `client_models`, `rounds`, `next_models` and `observer_model`; the defaults give the usual flow:
+    one round, every client at the shared model, the observer holding that model.
     """
 
     stateful: ClassVar[bool] = False
@@ -72,6 +75,23 @@ class Defense(Plugin):
 
     def observe(self, updates: list[Update], rng: torch.Generator) -> Update:
         return updates[0]
+
+    def client_models(self, model: nn.Module, clients: int, rng: torch.Generator) -> list[nn.Module]:
+        """The model each client computes its update at (the victim first). Default: the shared model for all."""
+        return [model] * clients
+
+    def rounds(self) -> int:
+        """How many rounds the observer sees (the last one is attacked, the earlier ones reach the attack as
+        `Observation.rounds`). Default 1."""
+        return 1
+
+    def next_models(self, models: list[nn.Module], rng: torch.Generator) -> list[nn.Module]:
+        """The clients' models for the next observed round, called after `observe`. Default: unchanged."""
+        return models
+
+    def observer_model(self, model: nn.Module, client_models: list[nn.Module]) -> nn.Module:
+        """The model the observer holds (its best knowledge of the parameters). Default: the shared model."""
+        return model
 
     def epsilon(self, *, delta: float, sample_rate: float, steps: int) -> float | None:
         """The (epsilon, delta)-DP guarantee of this defense where one is defined, else None."""

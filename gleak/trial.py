@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -113,9 +114,21 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     )
     model = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
 
-    updates = [client_update(model, b, cfg) for b in batches]
-    observed = send_round(defenses, updates, generator(cfg.seed, "defense"))
-    observation = Observation(update=observed, knowledge=knowledge, model=observer_model(attack, model, cfg))
+    # The protocol decides where each client computes (CGD: its own confined model) and how many rounds are seen.
+    protocol = defenses[0]
+    rng = generator(cfg.seed, "defense")
+    models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
+    seen: list[Observation] = []
+    for r in range(protocol.rounds()):
+        if r:
+            models = protocol.next_models(models, rng)
+        updates = [client_update(m, b, cfg) for m, b in zip(models, batches)]
+        observed = send_round(defenses, updates, rng)
+        if knowledge.batch_size is not None:  # the samples behind what the observer sees (a sum: several clients')
+            knowledge = dataclasses.replace(knowledge, batch_size=observed.num_samples)
+        held = observer_model(attack, protocol.observer_model(model, models), cfg)
+        seen.append(Observation(update=observed, knowledge=knowledge, model=held))
+    observation = dataclasses.replace(seen[-1], rounds=tuple(seen[:-1]))
     rec = attack.reconstruct(observation, generator(cfg.seed, "attack"))
 
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
