@@ -232,32 +232,28 @@ class ConfinedMLP:
     def _first_pre(self) -> Tensor:
         p = self.layout.partition
         if self.mode == "cgd":
-            z = torch.bmm(self.xg, self.off1) + self.offb1.unsqueeze(1)  # (cols, rows * s, h1)
-            return self.z0 + z.view(self.m, self.s, -1)
-        return self.z0 + torch.bmm(self.gram, self.coef) + self.offb1.unsqueeze(1)
+            z = torch.baddbmm(self.offb1.unsqueeze(1), self.xg, self.off1)  # (cols, rows * s, h1)
+            return z.view(self.m, self.s, -1).add_(self.z0)
+        return torch.baddbmm(self.offb1.unsqueeze(1), self.gram, self.coef).add_(self.z0)
 
     def gradients(self) -> tuple[Tensor, list[Tensor], list[Tensor], float]:
         """Every participant's backward pass. Returns dZ1 (m, s, h1) (first-layer gradients are X_l^T dZ1_l and
-        the column sums), the upper layers' activations-in and dZ per layer, and the mean training loss."""
-        z1 = self._first_pre()
-        acts, pres = [torch.relu(z1)], [z1]
-        for r in range(len(self.upper_w)):
-            w, b = self._upper(r)
+        the column sums), the upper layers' input activations and dZ per layer, and the mean training loss."""
+        acts = [torch.relu_(self._first_pre())]  # in place: the pre-activation itself is not needed again
+        weights = [self._upper(r) for r in range(len(self.upper_w))]
+        for r, (w, b) in enumerate(weights):
             z = torch.baddbmm(b.unsqueeze(1), acts[-1], w)
-            pres.append(z)
-            if r < len(self.upper_w) - 1:
-                acts.append(torch.relu(z))
-        logits = pres[-1]
-        logp = F.log_softmax(logits, -1)
-        loss = float(-(logp.gather(-1, self.layout.y.unsqueeze(-1)).squeeze(-1) * self.layout.mask).sum() / self.layout.mask.sum())
-        dz = logp.exp()
-        dz.scatter_add_(-1, self.layout.y.unsqueeze(-1), -torch.ones_like(dz[..., :1]))
-        dz = dz * self.w.unsqueeze(-1)
+            acts.append(torch.relu_(z) if r < len(weights) - 1 else z)
+        logp = F.log_softmax(acts.pop(), -1)
+        y = self.layout.y.unsqueeze(-1)
+        loss = float(-(logp.gather(-1, y).squeeze(-1) * self.layout.mask).sum() / self.layout.mask.sum())
+        dz = logp.exp_()
+        dz.scatter_add_(-1, y, -torch.ones_like(dz[..., :1]))
+        dz.mul_(self.w.unsqueeze(-1))
         dzs = [dz]
-        for r in range(len(self.upper_w) - 1, -1, -1):
-            w, _ = self._upper(r)
-            da = torch.bmm(dzs[0], w.transpose(1, 2))
-            dzs.insert(0, da * (pres[r] > 0))
+        for r in range(len(weights) - 1, -1, -1):
+            da = torch.bmm(dzs[0], weights[r][0].transpose(1, 2))
+            dzs.insert(0, da.masked_fill_(acts[r] <= 0, 0))  # ReLU': a > 0 exactly where z > 0
         return dzs[0], dzs[1:], acts, loss
 
     def _sum_upper(self, acts: list[Tensor], dzs: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:

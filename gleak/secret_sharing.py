@@ -23,6 +23,7 @@ the same result bit for bit at m times less cost; protocols use it where m^2 is 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -66,12 +67,12 @@ class FixedPoint:
     def to_integers(self, x: Tensor, addends: int = 1) -> Tensor:
         """round(x * 2^f) as exact integers in float64 (|v| < 2^31, so float64 holds them and their sums exactly).
         Raises EncodingOverflow when a value exceeds the per-addend limit, and on NaN or infinity."""
-        v = torch.round(x.detach().to(torch.float64) * self.scale)
+        v = x.detach().to(torch.float64, copy=True).mul_(self.scale).round_()
         if v.numel():
-            finite = torch.isfinite(v)
-            if not bool(finite.all()):
+            lo, hi = torch.aminmax(v)  # NaN propagates into both
+            worst = max(-float(lo), float(hi))
+            if not math.isfinite(worst):
                 raise EncodingOverflow("cannot encode NaN or infinity in fixed point")
-            worst = float(v.abs().max())
             lim = self.limit(addends)
             if worst > lim:
                 raise EncodingOverflow(
