@@ -68,6 +68,11 @@ class SubspaceDemix(Attack):
         self.restarts, self.group_rounds, self.max_rounds = restarts, group_rounds, max_rounds
         self.inlier_tol, self.gap, self.min_share, self.rank_tol = inlier_tol, gap, min_share, rank_tol
 
+    @classmethod
+    def estimated_cost(cls, params, case) -> float:
+        # Linear algebra on the first layer's rows, a few seconds; `restarts` are cheap draws, not model passes.
+        return 20.0
+
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
         model, k = observation.model, observation.knowledge
         found = first_linear(model) if model is not None else None

@@ -1,6 +1,7 @@
 """The `gleak` command line.
 
     gleak run [SUITE] [--out DIR] [--workers N] [--plugin FILE]   run a suite (default: suites/quick.toml)
+              [--threads T] [--executor local|ray] [--address ADDR]
     gleak leaderboard DIR                                         regenerate results.csv and the leaderboards
     gleak list [attacks|defenses|models|datasets|suites] [PATTERN]
     gleak check-plugin NAME_OR_FILE [--kind attack|defense]
@@ -27,21 +28,59 @@ def _load_plugins(files: list[str] | None) -> None:
         load_plugin_file(f)
 
 
+def _parallelism(args: argparse.Namespace) -> int | None:
+    """--workers as a number (None: Ray's default, every CPU of the cluster); bad values are InputError."""
+    from gleak.workers import usable_cores
+
+    if args.threads < 1:
+        raise InputError(f"--threads must be >= 1, got {args.threads}")
+    if args.address and args.executor != "ray":
+        raise InputError("--address names a Ray cluster: use it with --executor ray")
+    if args.executor == "ray":
+        from gleak.ray_executor import ray_available
+
+        if not ray_available():
+            raise InputError("--executor ray needs Ray: pip install 'gleak[ray]'")
+    if args.workers is None:
+        return None if args.executor == "ray" else 1
+    if args.workers == "auto":
+        return max(1, usable_cores() // args.threads)
+    try:
+        n = int(args.workers)
+    except ValueError:
+        raise InputError(f"--workers must be a number or 'auto', got {args.workers!r}") from None
+    if n < 1:
+        raise InputError(f"--workers must be >= 1, got {n}")
+    return n
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from gleak.runner import run_suite
     from gleak.suite import find_suite, load_suite
 
+    workers = _parallelism(args)
+    if args.executor == "local" and (workers or 1) > 1:
+        from gleak.workers import prestart
+
+        prestart()  # the workers' fork server imports torch while the suite is validated
     _load_plugins(args.plugin)
     path = find_suite(args.suite)
     suite = load_suite(path)  # validates everything (plugins, parameters, data) before the folder is touched
     out = Path(args.out) if args.out else Path("results") / suite.name
-    if args.workers < 1:
-        raise InputError(f"--workers must be >= 1, got {args.workers}")
     if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
         raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
-    print(f"gleak: suite {suite.name!r} from {path}: {len(suite.trials)} trials -> {out}/", file=sys.stderr)
+
+    def announce(todo: int, stored: int) -> None:  # once the folder is ours (a refused run prints only its error)
+        where = "Ray" if args.executor == "ray" else (f"{workers} workers" if (workers or 1) > 1 else "1 process")
+        print(f"gleak: suite {suite.name!r} from {path}: {len(suite.trials)} trials ({stored} stored, {todo} to run"
+              f" on {where}) -> {out}/", file=sys.stderr)  # fmt: skip
+
     t0 = time.perf_counter()
-    summary = run_suite(suite, out, workers=args.workers, progress=not args.no_progress, lpips_weights=args.lpips_backbone)
+    summary = run_suite(
+        suite, out, workers=workers, progress=not args.no_progress, lpips_weights=args.lpips_backbone,
+        threads=args.threads, executor=args.executor, address=args.address,
+        plugin_files=tuple(str(Path(f).resolve()) for f in args.plugin or ()), on_start=announce,
+    )  # fmt: skip
     dt = time.perf_counter() - t0
     print(
         f"gleak: {summary.ran} trials run, {summary.skipped} already stored, {summary.failed} failed, {dt:.1f} s",
@@ -131,7 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a suite and write its leaderboard")
     r.add_argument("suite", nargs="?", help="suite file or shipped suite name (default: quick)")
     r.add_argument("--out", help="output folder (default: results/<suite name>/)")
-    r.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
+    r.add_argument("--workers", help="parallel worker processes, or 'auto' (usable cores / threads); default 1, "
+                   "with Ray every CPU of the cluster")  # fmt: skip
+    r.add_argument("--threads", type=int, default=1, help="torch threads per trial (default 1; metrics are identical "
+                   "for any number of workers at the same --threads)")  # fmt: skip
+    r.add_argument("--executor", choices=["local", "ray"], default="local", help="local processes (default) or Ray tasks")
+    r.add_argument("--address", help="Ray cluster to use (with --executor ray; default: start a local one)")
     r.add_argument("--plugin", action="append", help="a Python file that registers plugins (repeatable)")
     r.add_argument("--lpips-backbone", help="AlexNet ImageNet weights file for LPIPS")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -9,7 +9,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 # Bump when a change to gleak alters what an existing config computes, so that stored results are not reused.
 TRIAL_FORMAT = 1
@@ -32,10 +32,18 @@ class CaseConfig:
     clients: int = 1  # clients in the attacked round; the victim is client 0
     update: Literal["fedsgd", "fedavg"] = "fedsgd"
     local_steps: int = 1  # fedavg only
-    local_lr: float = 0.1  # fedavg only
+    local_lr: float = 0.1  # SGD step: fedavg's local steps; in warm-up rounds also the server's step on FedSGD gradients
+    rounds: int = 0  # warm-up rounds the clients train under the defense before the attacked round
+
+    # Fields added after TRIAL_FORMAT 1: part of a trial's identity only when set, so existing trial ids stay valid.
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"rounds": 0}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def identity(self) -> dict[str, Any]:
+        d = self.to_dict()
+        return {k: v for k, v in d.items() if k not in self.LATER_FIELDS or v != self.LATER_FIELDS[k]}
 
 
 CASE_FIELDS = {f.name: f for f in dataclasses.fields(CaseConfig)}
@@ -54,6 +62,8 @@ def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
         problems.append(("channels", f"must be 1 or 3, got {case.channels}"))
     if case.local_steps < 1:
         problems.append(("local_steps", f"must be >= 1, got {case.local_steps}"))
+    if case.rounds < 0:
+        problems.append(("rounds", f"must be >= 0, got {case.rounds}"))
     return problems
 
 
@@ -75,7 +85,7 @@ class TrialConfig:
             "attack_params": self.attack_params,
             "defense": self.defense,
             "defense_params": self.defense_params,
-            "case": self.case.to_dict(),
+            "case": self.case.identity(),
             "seed": self.seed,
         }
 

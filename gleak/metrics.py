@@ -26,6 +26,8 @@ from torch import Tensor
 # Verdict bands of DLG Fig. 6 as used in seed 002: MSE below 0.03 recovered, below 0.2 partial, else defended.
 RECOVERED_MSE = 0.03
 PARTIAL_MSE = 0.2
+# A reconstruction at PSNR above 40 dB counts as exact (Robbing the Fed reports the share of a batch recovered so).
+EXACT_PSNR = 40.0
 
 
 def mse(a: Tensor, b: Tensor) -> Tensor:
@@ -83,14 +85,27 @@ def relative_distance(true: Tensor, sent: Tensor) -> float:
     return float((true - sent).norm()) / n if n > 0 else 0.0
 
 
+def pairwise_mse(truth: Tensor, rec: Tensor) -> Tensor:
+    """(len(truth), len(rec)) MSE of every pair."""
+    return ((truth.double().flatten(1)[:, None, :] - rec.double().flatten(1)[None, :, :]) ** 2).mean(-1)
+
+
 def match(truth: Tensor, rec: Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Optimal one-to-one pairing of reconstructions with true images by MSE (linear_sum_assignment).
 
     Returns (truth_idx, rec_idx) of min(len(truth), len(rec)) pairs.
     """
-    cost = ((truth.double().flatten(1)[:, None, :] - rec.double().flatten(1)[None, :, :]) ** 2).mean(-1)
-    rows, cols = linear_sum_assignment(cost.cpu().numpy())
+    rows, cols = linear_sum_assignment(pairwise_mse(truth, rec).cpu().numpy())
     return rows, cols
+
+
+def exact_share(truth: Tensor, rec: Tensor, threshold: float = EXACT_PSNR) -> float:
+    """The share of the batch recovered exactly: the most one-to-one pairs (reconstruction, image) with PSNR above
+    `threshold`, over the batch size. A pairing of its own, because the MSE pairing of `match` may trade an exact
+    pair for a lower total MSE elsewhere."""
+    exact = (10 * torch.log10(1.0 / pairwise_mse(truth, rec)) > threshold).cpu().numpy()
+    rows, cols = linear_sum_assignment(-exact.astype(np.float64))
+    return float(exact[rows, cols].sum()) / len(truth)
 
 
 def verdict(mse_value: float | None) -> str | None:
@@ -180,9 +195,11 @@ def score(
 ) -> dict[str, Any]:
     """Pair reconstructions with the truth by optimal assignment and average each metric over the pairs.
 
-    Images in [0, 1]. Returns mse, psnr, ssim, lpips, cosine, label_acc, verdict, matched (None where undefined).
+    Images in [0, 1]. Returns mse, psnr, ssim, lpips, cosine, label_acc, verdict, matched, and share_psnr40 (see
+    `exact_share`) (None where undefined).
     """
     out: dict[str, Any] = dict(mse=None, psnr=None, ssim=None, lpips=None, cosine=None, verdict=None, matched=0)
+    out["share_psnr40"] = None
     out["label_acc"] = label_accuracy(truth_labels, rec_labels)
     if rec_images is None or len(rec_images) == 0:
         return out
@@ -193,6 +210,7 @@ def score(
     m = mse(t, r)
     out["mse"] = float(m.mean())
     out["psnr"] = float(psnr(t, r).mean())
+    out["share_psnr40"] = exact_share(truth_images, rec_images)
     out["ssim"] = float(ssim(t, r).mean())
     out["cosine"] = float(cosine(t, r).mean())
     lp = lpips(t, r, lpips_weights)

@@ -21,6 +21,19 @@ class Plugin:
     # Parameters that keep `gleak check-plugin` fast (for example fewer iterations); merged over the defaults.
     conformance_params: ClassVar[dict[str, Any]] = {}
 
+    @classmethod
+    def estimated_cost(cls, params: dict[str, Any], case: Any) -> float:
+        """This plugin's work in one trial, in units of one forward-backward pass of the case's model on the
+        client's batch (a gleak.config.CaseConfig). Only used to start long trials first and for the time-left
+        estimate, so a rough figure is fine. Default: 1 x `iterations` x `restarts` where the plugin has them
+        (an optimisation attack's cost); override when the work scales differently."""
+        cost = 1.0
+        for key in ("iterations", "restarts"):
+            v = params.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+                cost *= v
+        return cost
+
     def get_params(self) -> dict[str, Any]:
         sig = inspect.signature(type(self).__init__)
         return {

@@ -55,9 +55,9 @@ def check_finite(update: Update, who: str) -> None:
         raise NonFiniteUpdate(f"{who}: update has NaN or infinity in parameter {name!r}")
 
 
-def send_round(defenses: list[Defense], updates: list[Update], rng: torch.Generator) -> Update:
+def transmit(defenses: list[Defense], updates: list[Update], rng: torch.Generator) -> list[Update]:
     """Client i sends `defenses[i].transform(updates[i])` (one defense instance per client, since a defense may keep
-    state across rounds); the observer sees `defenses[0].observe(sent)`. The victim is client 0."""
+    state across rounds). Returns what the clients sent, in client order."""
     name = defenses[0].registered_name or type(defenses[0]).__name__
     sent = []
     for i, (d, u) in enumerate(zip(defenses, updates)):
@@ -65,4 +65,22 @@ def send_round(defenses: list[Defense], updates: list[Update], rng: torch.Genera
         s = d.transform(u, rng)
         check_finite(s, f"defense {name!r} on client {i}")
         sent.append(s)
-    return defenses[0].observe(sent, rng)
+    return sent
+
+
+def send_round(defenses: list[Defense], updates: list[Update], rng: torch.Generator) -> Update:
+    """One round on the wire: the observer sees `defenses[0].observe(transmit(...))`. The victim is client 0."""
+    return defenses[0].observe(transmit(defenses, updates, rng), rng)
+
+
+def server_step(model: nn.Module, sent: list[Update], lr: float) -> nn.Module:
+    """The next global model (a new module): the server applies the mean of the clients' sent updates,
+    w - lr * mean gradient (FedSGD) or w - mean delta (FedAvg: the delta already holds the local learning rate).
+    Under secure aggregation the server learns only the sum, which is all this needs."""
+    mean = Update.sum(sent).map(lambda _, t: t / len(sent))
+    step = lr if mean.kind == "gradient" else 1.0
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for n, p in trainable(new):
+            p -= step * mean[n].to(p.dtype)
+    return new

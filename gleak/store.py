@@ -8,15 +8,21 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import queue
+import re
 import sqlite3
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from gleak.config import TrialConfig
 from gleak.errors import InputError
 
 DB_NAME = "results.sqlite"
+LOCK_NAME = ".lock"
+# tempfile.mkstemp(prefix=".NAME.") names: the prefix, then 8 characters from [a-z0-9_].
+_PARTIAL = re.compile(r"^\..+\.(png|csv|md|tex|html|json|svg|pdf)\.[a-z0-9_]{8}$")
 
 # Contract columns of results.csv first (DESIGN.md), then gleak's own.
 CSV_COLUMNS = [
@@ -46,16 +52,64 @@ def _json(d: Any) -> str:
     return json.dumps(d, sort_keys=True, default=str)
 
 
+def _record(cfg: TrialConfig, row: dict[str, Any]) -> dict[str, Any]:
+    """The trials-table row of a finished trial."""
+    rec = {
+        "trial_id": cfg.trial_id, "suite": cfg.suite, "attack": cfg.attack, "attack_params": _json(cfg.attack_params),
+        "defense": cfg.defense, "defense_params": _json(cfg.defense_params), "model": cfg.case.model,
+        "dataset": cfg.case.dataset, "batch_size": cfg.case.batch_size, "seed": cfg.seed,
+        "case": _json(cfg.case.to_dict()), "config": cfg.to_json(), "status": row["status"],
+        "error": row.get("error"), "traceback": row.get("traceback"), "seconds": row.get("seconds"),
+        "finished_at": time.time(),
+    }  # fmt: skip
+    for k in METRIC_COLUMNS:
+        rec[k] = row.get(k)
+    return rec
+
+
+def take_lock(folder: str | Path):
+    """Take FOLDER/.lock (an flock, released by the kernel when the process dies) or raise InputError naming the
+    process that holds it. Creates the folder and the lock file only; writes this process's id into the lock file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fh = open(folder / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip()
+        fh.close()
+        who = f"pid {holder}" if holder else "another process"
+        raise InputError(
+            f"{folder}: another gleak run ({who}) is writing here; wait for it to finish or use another --out"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(str(os.getpid()))
+    fh.flush()
+    return fh
+
+
+def release_lock(fh) -> None:
+    if fh is not None:
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
+
+
 class Store:
     """Results of one output folder."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.path = self.folder / DB_NAME
-        self._lock_fh = None
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        self.db.execute("PRAGMA synchronous=FULL")  # a committed trial survives power loss, not just SIGKILL
+        # check_same_thread=False: a run hands its connection to a CommitThread (used by one thread at a time).
+        self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+        # A committed trial survives power loss, not just SIGKILL. Write-ahead logging: one fsync per commit instead
+        # of the rollback journal's three (a commit costs ~6 ms instead of ~20 ms here), and readers (gleak
+        # leaderboard, progress checks) never block the run. A killed writer's log is replayed on the next open.
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)
 
     @staticmethod
@@ -67,29 +121,6 @@ class Store:
         if not Store.exists(folder):
             raise InputError(f"{folder}: no results here (expected {DB_NAME}; run `gleak run` first)")
         return Store(folder)
-
-    # -- locking ------------------------------------------------------------------------------------------
-    def lock(self) -> None:
-        """Take the folder's run lock or raise InputError naming the process that holds it."""
-        fh = open(self.folder / ".lock", "a+")
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
-            raise InputError(f"{self.folder}: another gleak run is writing here (pid {holder}); wait for it or use --out") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(str(os.getpid()))
-        fh.flush()
-        self._lock_fh = fh
-
-    def unlock(self) -> None:
-        if self._lock_fh is not None:
-            fcntl.flock(self._lock_fh, fcntl.LOCK_UN)
-            self._lock_fh.close()
-            self._lock_fh = None
 
     # -- writing ------------------------------------------------------------------------------------------
     def set_membership(self, trials: Iterable[TrialConfig]) -> None:
@@ -109,19 +140,29 @@ class Store:
 
     def put(self, cfg: TrialConfig, row: dict[str, Any]) -> None:
         """Write one finished trial (replacing an earlier failed attempt of the same trial) in one transaction."""
-        rec = {
-            "trial_id": cfg.trial_id, "suite": cfg.suite, "attack": cfg.attack, "attack_params": _json(cfg.attack_params),
-            "defense": cfg.defense, "defense_params": _json(cfg.defense_params), "model": cfg.case.model,
-            "dataset": cfg.case.dataset, "batch_size": cfg.case.batch_size, "seed": cfg.seed,
-            "case": _json(cfg.case.to_dict()), "config": cfg.to_json(), "status": row["status"],
-            "error": row.get("error"), "traceback": row.get("traceback"), "seconds": row.get("seconds"),
-            "finished_at": time.time(),
-        }  # fmt: skip
-        for k in METRIC_COLUMNS:
-            rec[k] = row.get(k)
-        cols = ", ".join(f'"{k}"' for k in rec)
-        marks = ", ".join("?" for _ in rec)
-        self.db.execute(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", list(rec.values()))
+        self.put_many([(cfg, row)])
+
+    def put_many(self, finished: list[tuple[TrialConfig, dict[str, Any]]]) -> None:
+        """Write several finished trials in one transaction (one fsync): all of them or, if killed, none."""
+        if not finished:
+            return
+        recs = [_record(cfg, row) for cfg, row in finished]
+        cols = ", ".join(f'"{k}"' for k in recs[0])
+        marks = ", ".join("?" for _ in recs[0])
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", [list(r.values()) for r in recs])
+
+    def clean_partial_files(self) -> list[Path]:
+        """Delete the temporary files that a killed writer left (figures.atomic_write_bytes writes `.NAME.XXXXXXXX`
+        beside NAME, then renames). Call only while holding the lock: no other gleak run is writing here then."""
+        removed = []
+        for folder in [self.folder] + [p for p in self.folder.iterdir() if p.is_dir()]:
+            for p in folder.iterdir():
+                if p.is_file() and _PARTIAL.match(p.name):
+                    p.unlink(missing_ok=True)
+                    removed.append(p)
+        return removed
 
     # -- reading ------------------------------------------------------------------------------------------
     def finished_ids(self) -> set[str]:
@@ -138,5 +179,53 @@ class Store:
         return pd.read_sql_query(q, self.db)
 
     def close(self) -> None:
-        self.unlock()
         self.db.close()
+
+
+class CommitThread:
+    """Commits finished trials to a store on a thread of its own, so that the caller goes on (the next trial runs
+    during the fsync), and what finishes meanwhile shares one transaction. `put` returns at once; `close` waits until
+    everything put is committed, and re-raises what stopped the thread. Between the two, only this thread uses the
+    store. A process killed meanwhile loses what was put and not yet committed: trials in flight, like the running
+    ones. `on_stored(batch)` is called on this thread after each commit."""
+
+    def __init__(self, store: Store, on_stored: Callable[[list[tuple[TrialConfig, dict[str, Any]]]], None]):
+        self.store, self.on_stored = store, on_stored
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name="gleak-store", daemon=True)
+        self.thread.start()
+
+    def put(self, finished: list[tuple[TrialConfig, dict[str, Any]]]) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put(finished)
+
+    def _loop(self) -> None:
+        stop = False
+        while not stop:
+            item = self.queue.get()
+            if item is None:
+                return
+            batch = list(item)
+            while True:  # everything that arrived during the last commit goes into this one
+                try:
+                    more = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch += more
+            try:
+                self.store.put_many(batch)
+                self.on_stored(batch)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller by put / close
+                self.error = exc
+                return
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error

@@ -1,6 +1,7 @@
 """One trial, end to end. This file is the whole flow of the benchmark:
 
-    case (data, model, seed) -> attack.prepare (active attacks modify the model) -> client update(s)
+    case (data, model, seed) -> warm-up rounds (case.rounds, under the defense) -> attack.prepare (active attacks
+    modify the model) -> client update(s)
     -> defense (transform; protocol decides what the observer sees) -> observation -> attack.reconstruct
     -> match + score -> row for the store
 """
@@ -23,7 +24,7 @@ from gleak.data import ImageDataset, load_dataset, sample_indices
 from gleak.metrics import relative_distance, score
 from gleak.models import create_model
 from gleak.plugin import Attack, Defense
-from gleak.protocol import fedavg_update, fedsgd_update, send_round
+from gleak.protocol import fedavg_update, fedsgd_update, send_round, server_step, transmit
 from gleak.registry import create
 from gleak.threat import ClientBatch, Knowledge, Observation, Update, denormalize
 
@@ -37,9 +38,9 @@ def load_case_data(cfg: TrialConfig, split: str = "train") -> ImageDataset:
     )
 
 
-def draw_batches(ds: ImageDataset, cfg: TrialConfig, dtype: torch.dtype) -> list[ClientBatch]:
+def draw_batches(ds: ImageDataset, cfg: TrialConfig, dtype: torch.dtype, purpose: str = "data") -> list[ClientBatch]:
     """The victim's batch (first) and one batch for each other client, all from the trial's data stream."""
-    gen = generator(cfg.seed, "data")
+    gen = generator(cfg.seed, purpose)
     c = cfg.case
     idx = sample_indices(len(ds), ds.y, c.batch_size * c.clients, gen, c.distinct_labels)
     out = []
@@ -84,6 +85,22 @@ def client_update(model: nn.Module, batch: ClientBatch, cfg: TrialConfig) -> Upd
     return fedsgd_update(model, batch)
 
 
+def warm_up(
+    model: nn.Module, defenses: list[Defense], ds: ImageDataset, cfg: TrialConfig, attack: Attack, knowledge: Knowledge
+) -> tuple[nn.Module, tuple[Observation, ...]]:
+    """The `case.rounds` honest rounds before the attacked one: each round every client sends its defended update on
+    a fresh batch, the server applies the mean of what was sent, and stateful defenses (error feedback) carry their
+    state on. Returns the global model the attacked round starts from and what the observer saw in each round."""
+    seen = []
+    for r in range(cfg.case.rounds):
+        updates = [client_update(model, b, cfg) for b in draw_batches(ds, cfg, DTYPES[cfg.case.dtype], f"data/round-{r}")]
+        rng = generator(cfg.seed, f"defense/round-{r}")
+        sent = transmit(defenses, updates, rng)
+        seen.append(Observation(defenses[0].observe(sent, rng), knowledge, observer_model(attack, model, cfg)))
+        model = server_step(model, sent, cfg.case.local_lr)
+    return model, tuple(seen)
+
+
 def _one_line(exc: BaseException) -> str:
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
@@ -112,6 +129,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
         cfg.case.model, ds.input_shape, ds.num_classes, seed=derive_seed(cfg.seed, "model"), dtype=dtype,
         **cfg.case.model_params,
     )
+    model, history = warm_up(model, defenses, ds, cfg, attack, knowledge)
     model = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
 
     # The protocol decides where each client computes (CGD: its own confined model) and how many rounds are seen.
@@ -127,14 +145,18 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
         if knowledge.batch_size is not None:  # the samples behind what the observer sees (a sum: several clients')
             knowledge = dataclasses.replace(knowledge, batch_size=observed.num_samples)
         held = observer_model(attack, protocol.observer_model(model, models), cfg)
-        seen.append(Observation(update=observed, knowledge=knowledge, model=held))
-    observation = dataclasses.replace(seen[-1], rounds=tuple(seen[:-1]))
+        seen.append(Observation(observed, knowledge, held))
+    observation = dataclasses.replace(seen[-1], rounds=(*history, *seen[:-1]))
     rec = attack.reconstruct(observation, generator(cfg.seed, "attack"))
+    if rec.x is not None and not torch.isfinite(rec.x).all():  # say so, rather than fail later in the matching
+        raise FloatingPointError("the reconstruction has NaN or infinite pixels")
 
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
     scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights)
     scores["grad_dist"] = relative_distance(updates[0].flat(), observed.flat())
-    scores["extra"] = {k: _finite_or_none(v) for k, v in rec.extra.items()}
+    share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
+    extra = rec.extra if share is None else {"share_psnr40": share, **rec.extra}
+    scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
     scores["_images"] = (victim.images(), rec_images)
     return scores
 

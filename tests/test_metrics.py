@@ -76,3 +76,14 @@ def test_lpips_loads_a_backbone_file(monkeypatch, tmp_path):
     ref = torchvision.models.alexnet()
     ref.load_state_dict(torch.load(path, weights_only=True))
     assert torch.equal(model.net.slice1[0].weight, ref.features[0].weight)  # the file's weights, not a random init
+
+
+def test_exact_share_keeps_exact_pairs_the_mse_pairing_would_trade_away():
+    from gleak.metrics import exact_share, match
+
+    truth = torch.tensor([0.5, 0.6]).view(2, 1, 1, 1)
+    rec = torch.tensor([0.5, 0.0]).view(2, 1, 1, 1)  # the first is exact; the second a poor guess
+    rows, cols = match(truth, rec)
+    assert list(cols[rows.argsort()]) == [1, 0]  # lower total MSE by giving the exact one to the other image
+    assert exact_share(truth, rec) == 0.5
+    assert exact_share(truth, rec[:1]) == 0.5 and exact_share(truth, truth + 0.05) == 0.0

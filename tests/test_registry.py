@@ -33,7 +33,7 @@ def test_params_validated_by_type_and_name():
     with pytest.raises(registry.ParamError):
         gleak.create("defense", "topk", ratio=1.5)  # the plugin's own range check
     d = gleak.create("defense", "topk", ratio=0.5)
-    assert d.get_params() == {"ratio": 0.5, "scope": "global"}
+    assert d.get_params() == {"ratio": 0.5, "scope": "global", "error_feedback": False}
 
 
 def test_check_value_typing_subset():

@@ -1,0 +1,111 @@
+"""Warm-up rounds before the attacked one (case key `rounds`), and secure aggregation's view."""
+import json
+
+import pytest
+import torch
+
+import gleak
+from gleak.config import CaseConfig, TrialConfig
+from gleak.plugin import Attack, Defense
+from gleak.protocol import server_step
+from gleak.registry import register_attack, register_defense
+from gleak.threat import Reconstruction, Update
+from gleak.trial import execute
+
+CALLS: list[tuple[str, int]] = []
+SEEN: list = []
+
+
+class Recording(Defense):
+    """Counts its resets and transforms (a stand-in for a stateful defense)."""
+
+    def __init__(self):
+        self.rounds = 0
+
+    def reset(self):
+        self.rounds = 0
+        CALLS.append(("reset", id(self)))
+
+    def transform(self, update, rng):
+        self.rounds += 1
+        CALLS.append(("transform", self.rounds))
+        return update
+
+
+class Keep(Attack):
+    """Keeps the observation it is given."""
+
+    needs = frozenset({"architecture", "parameters"})
+
+    def reconstruct(self, observation, rng):
+        SEEN.append(observation)
+        return Reconstruction(x=torch.zeros((1, *observation.knowledge.input_shape)))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _recording_plugins():
+    """Registered when these tests run, not at collection, so that other tests' plugin lists do not see them."""
+    if "test-recording-defense" not in gleak.list_plugins("defense"):
+        register_defense("test-recording-defense")(Recording)
+        register_attack("test-recording-attack")(Keep)
+
+
+def test_rounds_zero_keeps_every_existing_trial_id():
+    base = TrialConfig("t", "closed-form", {}, "none", {}, CaseConfig(), 0)
+    assert "rounds" not in json.loads(base.to_json())["case"]
+    assert TrialConfig.from_json(base.to_json()) == base
+    three = TrialConfig("t", "closed-form", {}, "none", {}, CaseConfig(rounds=3), 0)
+    assert three.trial_id != base.trial_id and TrialConfig.from_json(three.to_json()) == three
+
+
+def test_each_client_keeps_one_defense_through_every_round_and_the_model_moves():
+    CALLS.clear()
+    SEEN.clear()
+    case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=2, clients=3, rounds=4)
+    execute(TrialConfig("t", "test-recording-attack", {}, "test-recording-defense", {}, case, 0))
+    assert sum(c == "reset" for c, _ in CALLS) == 3  # once per client, before its first round
+    assert sorted(r for c, r in CALLS if c == "transform") == sorted([1, 2, 3, 4, 5] * 3)
+    obs = SEEN[-1]
+    assert len(obs.rounds) == 4
+    models = [o.model for o in obs.rounds] + [obs.model]
+    firsts = [m.state_dict()["1.weight"] for m in models]
+    assert all(not torch.equal(a, b) for a, b in zip(firsts, firsts[1:]))  # each round moved the global model
+
+
+def test_server_step_applies_the_mean_of_what_was_sent():
+    model = torch.nn.Linear(3, 2)
+    g = torch.Generator().manual_seed(0)
+    sent = [Update({"weight": torch.randn(2, 3, generator=g), "bias": torch.randn(2, generator=g)}) for _ in range(4)]
+    new = server_step(model, sent, lr=0.5)
+    mean_w = torch.stack([u["weight"] for u in sent]).mean(0)
+    assert torch.allclose(new.weight, model.weight - 0.5 * mean_w) and new is not model
+    deltas = [Update(u.tensors, "delta") for u in sent]
+    assert torch.allclose(server_step(model, deltas, lr=0.5).weight, model.weight - mean_w)
+
+
+def test_error_feedback_reaches_the_attacked_round():
+    from gleak.protocol import fedsgd_update
+    from gleak.trial import draw_batches, load_case_data
+
+    case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=1, rounds=3, local_lr=0.01)
+    for ef in (True, False):
+        SEEN.clear()
+        cfg = TrialConfig("t", "test-recording-attack", {}, "dgp", {"error_feedback": ef}, case, 0)
+        execute(cfg)
+        obs = SEEN[-1]
+        victim = draw_batches(load_case_data(cfg), cfg, torch.float32)[0]
+        fresh = gleak.create("defense", "dgp", error_feedback=False).prune(fedsgd_update(obs.model, victim))
+        same = all(torch.equal(obs.update[k], fresh[k]) for k in fresh.names())
+        assert same != ef  # with error feedback the residual of the three earlier rounds is on the wire
+
+
+def test_secure_aggregation_shows_only_the_sum():
+    d = gleak.create("defense", "secure-aggregation")
+    g = torch.Generator().manual_seed(0)
+    ups = [Update({"w": torch.randn(5, generator=g)}, num_samples=2) for _ in range(3)]
+    view = d.observe([d.transform(u, g) for u in ups], g)
+    assert torch.allclose(view["w"], sum(u["w"] for u in ups)) and view.num_samples == 6
+    case = CaseConfig(dataset="skimage", model="mlp", batch_size=1, clients=4)
+    alone = execute(TrialConfig("t", "closed-form", {}, "none", {}, case, 0))
+    summed = execute(TrialConfig("t", "closed-form", {}, "secure-aggregation", {}, case, 0))
+    assert alone["psnr"] > 100 and summed["psnr"] < 30  # the victim's own row is mixed with three others'
