@@ -48,11 +48,12 @@ class SubspaceDemix(Attack):
         off it (a sample's hyperplane is exact; a plane that fits rows only roughly is not one).
     min_share: a hyperplane must hold at least this share of the rows (ReLU zeros hold about half).
     rank_tol: singular values below rank_tol times the largest are treated as zero (the span of the samples).
-    Needs the architecture (to find the first linear layer) and the batch size of the observed update (n).
+    Needs the architecture (to find the first linear layer); n is the number of samples behind the update, which
+    travels with it (Update.num_samples: summed by aggregation).
     Our own attack (no paper); see the module docstring for the argument.
     """
 
-    needs = frozenset({"architecture", "batch_size"})
+    needs = frozenset({"architecture"})
     conformance_params = {"restarts": 256}
 
     def __init__(
@@ -88,7 +89,7 @@ class SubspaceDemix(Attack):
                 raise UnsupportedCase(f"first linear layer {name!r} does not read the raw input")
             rows.append(torch.cat([dw, db.unsqueeze(1)], 1).to(torch.float64))
             units.append(torch.arange(dw.shape[0]) + (0 if self.group_rounds else len(units) * dw.shape[0]))
-        n = int(k.batch_size or 1)
+        n = int(observation.update.num_samples)  # on the wire: the samples behind the (summed) update
         dtype = observation.update[f"{prefix}weight"].dtype
         # Demix every round on its own and all rounds together; a sample is the more credible the more of these
         # independent demixings produce it (a spurious decomposition of one round is not repeated by another).

@@ -242,7 +242,7 @@ class CGD(_ConfinedTraining):
         self._extra = [own, mean]
         return list(self._models)
 
-    def rounds(self) -> int:
+    def observed_rounds(self) -> int:
         return self.iterations
 
     def observe(self, updates: list[Update], rng: torch.Generator) -> Update:

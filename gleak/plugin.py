@@ -74,7 +74,7 @@ class Defense(Plugin):
     observe: given the transformed updates of all clients in a round (the victim first), return what the observer
         sees. The default is the victim's own update (a server that sees each client's update).
     Protocols in which clients do not share one model (CGD's confined models) or that run several observed rounds
-    also override `client_models`, `rounds`, `next_models` and `observer_model`; the defaults give the usual flow:
+    also override `client_models`, `observed_rounds`, `next_models` and `observer_model`; the defaults give the usual flow:
     one round, every client at the shared model, the observer holding that model.
     """
 
@@ -93,7 +93,7 @@ class Defense(Plugin):
         """The model each client computes its update at (the victim first). Default: the shared model for all."""
         return [model] * clients
 
-    def rounds(self) -> int:
+    def observed_rounds(self) -> int:
         """How many rounds the observer sees (the last one is attacked, the earlier ones reach the attack as
         `Observation.rounds`). Default 1."""
         return 1

@@ -137,13 +137,11 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     rng = generator(cfg.seed, "defense")
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
     seen: list[Observation] = []
-    for r in range(protocol.rounds()):
+    for r in range(protocol.observed_rounds()):
         if r:
             models = protocol.next_models(models, rng)
         updates = [client_update(m, b, cfg) for m, b in zip(models, batches)]
         observed = send_round(defenses, updates, rng)
-        if knowledge.batch_size is not None:  # the samples behind what the observer sees (a sum: several clients')
-            knowledge = dataclasses.replace(knowledge, batch_size=observed.num_samples)
         held = observer_model(attack, protocol.observer_model(model, models), cfg)
         seen.append(Observation(observed, knowledge, held))
     observation = dataclasses.replace(seen[-1], rounds=(*history, *seen[:-1]))
