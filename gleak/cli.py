@@ -3,6 +3,7 @@
     gleak run [SUITE] [--out DIR] [--workers N] [--plugin FILE]   run a suite (default: suites/quick.toml)
               [--threads T] [--executor local|ray] [--address ADDR]
     gleak leaderboard DIR                                         regenerate results.csv and the leaderboards
+    gleak plot DIR                                                regenerate the figures (DIR/figures/*.png)
     gleak list [attacks|defenses|models|datasets|suites] [PATTERN]
     gleak check-plugin NAME_OR_FILE [--kind attack|defense]
 
@@ -58,6 +59,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gleak.runner import run_suite
     from gleak.suite import find_suite, load_suite
 
+    if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
+        raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
+    _check_lpips_env()
     workers = _parallelism(args)
     if args.executor == "local" and (workers or 1) > 1:
         from gleak.workers import prestart
@@ -67,8 +71,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = find_suite(args.suite)
     suite = load_suite(path)  # validates everything (plugins, parameters, data) before the folder is touched
     out = Path(args.out) if args.out else Path("results") / suite.name
-    if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
-        raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
 
     def announce(todo: int, stored: int) -> None:  # once the folder is ours (a refused run prints only its error)
         where = "Ray" if args.executor == "ray" else (f"{workers} workers" if (workers or 1) > 1 else "1 process")
@@ -89,6 +91,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"leaderboard: {out / 'leaderboard.md'}")
     print(f"results:     {out / 'results.csv'}")
     return summary.exit_code
+
+
+def _check_lpips_env() -> None:
+    """A named LPIPS backbone that is missing is bad input (exit 2 before anything runs), not a failure per trial."""
+    import os
+
+    from gleak.metrics import LPIPS_ENV
+
+    named = os.environ.get(LPIPS_ENV)
+    if named and not Path(named).expanduser().is_file():
+        raise InputError(f"${LPIPS_ENV} names {named}, which does not exist (unset it, or point it at alexnet-owt-7be5be79.pth)")
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from gleak.report import write_figures
+
+    figures = write_figures(args.dir)
+    for rel, _ in figures:
+        print(Path(args.dir) / rel)
+    if not figures:
+        print(f"gleak: no figures for {args.dir} (no finished trials)", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
@@ -184,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     lb = sub.add_parser("leaderboard", help="regenerate results.csv and leaderboards of an output folder")
     lb.add_argument("dir")
     lb.set_defaults(func=cmd_leaderboard)
+
+    pl = sub.add_parser("plot", help="regenerate the figures of an output folder (DIR/figures/*.png)")
+    pl.add_argument("dir")
+    pl.set_defaults(func=cmd_plot)
 
     ls = sub.add_parser("list", help="list attacks, defenses, models, datasets or suites")
     ls.add_argument("what", nargs="?", default="attacks")

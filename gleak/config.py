@@ -34,9 +34,20 @@ class CaseConfig:
     local_steps: int = 1  # fedavg only
     local_lr: float = 0.1  # SGD step: fedavg's local steps; in warm-up rounds also the server's step on FedSGD gradients
     rounds: int = 0  # warm-up rounds the clients train under the defense before the attacked round
+    # The attacked model (gleak.pretrain): "untrained" (fresh init from the trial seed) or "trained" first for
+    # train_steps SGD steps on the case's training split; one trained model per case, whatever the trial seed.
+    model_state: Literal["untrained", "trained"] = "untrained"
+    train_steps: int = 500
+    train_lr: float = 0.01
+    train_batch_size: int = 32
+    train_seed: int = 0
+    model_mode: Literal["train", "eval"] = "train"  # BatchNorm statistics when the client computes its update
 
     # Fields added after TRIAL_FORMAT 1: part of a trial's identity only when set, so existing trial ids stay valid.
-    LATER_FIELDS: ClassVar[dict[str, Any]] = {"rounds": 0}
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {
+        "rounds": 0, "model_state": "untrained", "train_steps": 500, "train_lr": 0.01, "train_batch_size": 32,
+        "train_seed": 0, "model_mode": "train",
+    }
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -64,6 +75,9 @@ def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
         problems.append(("local_steps", f"must be >= 1, got {case.local_steps}"))
     if case.rounds < 0:
         problems.append(("rounds", f"must be >= 0, got {case.rounds}"))
+    if case.train_steps < 1 or case.train_batch_size < 1 or case.train_lr <= 0:
+        key = "train_steps" if case.train_steps < 1 else "train_batch_size" if case.train_batch_size < 1 else "train_lr"
+        problems.append((key, f"must be > 0, got {getattr(case, key)}"))
     return problems
 
 
@@ -108,24 +122,48 @@ class TrialConfig:
 @dataclass(frozen=True)
 class UtilityConfig:
     """Keys of a suite's [utility] table: federated training on real data, the defense on every client's update,
-    test accuracy against the same training without it."""
+    test accuracy against the same training without it (gleak.utility)."""
 
     dataset: str = "fashion-mnist"
     model: str = "mlp"
     model_params: dict[str, Any] = field(default_factory=dict)
     data_root: str | None = None
+    download: bool = False
     resolution: int | None = None
     channels: int | None = None
     algorithm: Literal["fedsgd", "fedavg"] = "fedsgd"
-    clients: int = 10  # clients per round
+    clients: int = 10  # all take part in every round; the train split is dealt into this many IID shards
     rounds: int = 200
-    lr: float = 0.1
+    lr: float = 0.1  # fedsgd: the server's step on the mean gradient; fedavg: the clients' local step (server step 1)
     batch_size: int = 32  # per client and round (fedsgd) or per local step (fedavg)
     local_steps: int = 1  # fedavg only
+    delta: float = 1e-5  # of the (epsilon, delta) reported for defenses that define one
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+UTILITY_FIELDS = {f.name: f for f in dataclasses.fields(UtilityConfig)}
+
+
+def check_utility_values(u: UtilityConfig) -> list[tuple[str, str]]:
+    """(key, problem) pairs for [utility] values that have the right type but are out of range."""
+    problems = []
+    for key in ("clients", "rounds", "batch_size", "local_steps"):
+        if getattr(u, key) < 1:
+            problems.append((key, f"must be >= 1, got {getattr(u, key)}"))
+    if not u.lr > 0:
+        problems.append(("lr", f"must be > 0, got {u.lr}"))
+    if not 0 < u.delta < 1:
+        problems.append(("delta", f"must be in (0, 1), got {u.delta}"))
+    if u.resolution is not None and u.resolution < 4:
+        problems.append(("resolution", f"must be >= 4, got {u.resolution}"))
+    if u.channels not in (None, 1, 3):
+        problems.append(("channels", f"must be 1 or 3, got {u.channels}"))
+    if u.algorithm == "fedsgd" and u.local_steps != 1:
+        problems.append(("local_steps", "applies to algorithm 'fedavg' only"))
+    return problems
 
 
 def derive_seed(seed: int, purpose: str) -> int:

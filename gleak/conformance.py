@@ -144,13 +144,41 @@ def _probe_update(dtype: torch.dtype, seed: int) -> Update:
     )
 
 
+def _client_gradient_problems(factory: Callable[[], Any], dtype: torch.dtype) -> list[str]:
+    """The client_gradient hook on a small MLP: one finite tensor per trainable parameter, deterministic under the
+    client's generator, and the model untouched."""
+    from gleak.protocol import trainable
+
+    model = create_model("mlp", (1, 4, 4), 3, seed=0, dtype=dtype, hidden=[6])
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(5, 1, 4, 4, generator=g, dtype=dtype), torch.tensor([0, 1, 2, 1, 0])
+    snap = copy.deepcopy(model.state_dict())
+    try:
+        g1 = factory().client_gradient(model, x, y, torch.Generator().manual_seed(6))
+        g2 = factory().client_gradient(model, x, y, torch.Generator().manual_seed(6))
+    except Exception as exc:  # noqa: BLE001
+        return [f"{dtype}: {type(exc).__name__}: {exc}"]
+    params = dict(trainable(model))
+    out = []
+    if not isinstance(g1, dict) or list(g1) != list(params):
+        return [f"{dtype}: must return a dict with one tensor per trainable parameter, in model order"]
+    if any(g1[n].shape != p.shape or g1[n].dtype != dtype or not torch.isfinite(g1[n]).all() for n, p in params.items()):
+        out.append(f"{dtype}: a gradient has the wrong shape or dtype, or is not finite")
+    if not _tensors_equal(g1, g2):
+        out.append(f"{dtype}: two calls with the same generator differ")
+    if not _tensors_equal(snap, model.state_dict()):
+        out.append(f"{dtype}: the model was modified")
+    return out
+
+
 def check_defense(name: str, params: dict[str, Any] | None = None) -> list[Check]:
     info = registry.plugin_info("defense", name)
     fast = {**getattr(info.obj, "conformance_params", {}), **(params or {})}
     factory = lambda: registry.create("defense", name, **fast)  # noqa: E731
     checks = _meta_checks("defense", name)
     problems = {"layout and dtype preserved": [], "deterministic under a seed": [], "does not mutate its input": [],
-                "finite on zero and tiny updates": [], "observer view well formed": []}  # fmt: skip
+                "finite on zero and tiny updates": [], "observer view well formed": [],
+                "client gradient well formed": []}  # fmt: skip
     for dtype in (torch.float32, torch.float64):
         u = _probe_update(dtype, 0)
         snap = {k: v.clone() for k, v in u.tensors.items()}
@@ -182,6 +210,7 @@ def check_defense(name: str, params: dict[str, Any] | None = None) -> list[Check
         view = ds_[0].observe(sent, torch.Generator().manual_seed(4))
         if not isinstance(view, Update) or view.names() != clients[0].names():
             problems["observer view well formed"].append(f"{dtype}: observe() must return an Update of the same layout")
+        problems["client gradient well formed"] += _client_gradient_problems(factory, dtype)
     checks += [Check(k, not v, "; ".join(v)) for k, v in problems.items()]
     return checks
 

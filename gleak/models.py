@@ -112,3 +112,74 @@ def lenet(input_shape: tuple[int, ...], num_classes: int, init: Literal["dlg", "
         for p in model.parameters():
             nn.init.uniform_(p, -0.5, 0.5)
     return model
+
+
+@register_model("convnet")
+def convnet(input_shape: tuple[int, ...], num_classes: int, width: int = 32) -> nn.Module:
+    """A small ConvNet: three 3x3 conv + ReLU stages (width, 2 width, 4 width; max-pool after the first two), global
+    average pool, one linear layer. Twice differentiable almost everywhere, no normalisation layers."""
+    c = input_shape[0]
+    w = int(width)
+    return nn.Sequential(
+        nn.Conv2d(c, w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(2 * w, 4 * w, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, num_classes),
+    )  # fmt: skip
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 conv + BatchNorm layers with an identity shortcut (a 1x1 conv + BN one when the shape changes)."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """A CIFAR-style ResNet of BasicBlocks: 3x3 stem at stride 1 (no max-pool), stages of `blocks[i]` blocks of width
+    `widths[i]` (the first of each stage after the first at stride 2), global average pool, one linear layer."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, blocks: list[int], widths: list[int]):
+        super().__init__()
+        c = input_shape[0]
+        self.stem = nn.Sequential(nn.Conv2d(c, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU())
+        layers, cin = [], widths[0]
+        for i, (n, w) in enumerate(zip(blocks, widths)):
+            for j in range(n):
+                layers.append(BasicBlock(cin, w, 2 if (i > 0 and j == 0) else 1))
+                cin = w
+        self.layers = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(cin, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(self.layers(self.stem(x))).flatten(1))
+
+
+@register_model("resnet20")
+def resnet20(input_shape: tuple[int, ...], num_classes: int, width: int = 4) -> nn.Module:
+    """ResNet-20 of width k (He et al. 2016; Geiping et al. 2020 attack k=4): 3 stages of 3 blocks, 16k/32k/64k
+    channels, 1x1-conv shortcuts where the shape changes (as Geiping et al.'s torchvision-block ResNet)."""
+    k = int(width)
+    return ResNet(input_shape, num_classes, [3, 3, 3], [16 * k, 32 * k, 64 * k])
+
+
+@register_model("resnet18")
+def resnet18(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """ResNet-18 with the CIFAR stem (3x3 conv at stride 1, no max-pool): 4 stages of 2 blocks, 64-512 channels."""
+    return ResNet(input_shape, num_classes, [2, 2, 2, 2], [64, 128, 256, 512])

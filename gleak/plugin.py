@@ -73,6 +73,9 @@ class Defense(Plugin):
         across rounds (error feedback); `reset` clears it. Must not modify its input.
     observe: given the transformed updates of all clients in a round (the victim first), return what the observer
         sees. The default is the victim's own update (a server that sees each client's update).
+    client_gradient: how the client computes each gradient inside its own computation (the FedSGD update, and every
+        local step of FedAvg), before `transform`. The default is the plain gradient of the mean loss; DP-SGD
+        overrides it to clip per example and add noise.
     Protocols in which clients do not share one model (CGD's confined models) or that run several observed rounds
     also override `client_models`, `observed_rounds`, `next_models` and `observer_model`; the defaults give the usual flow:
     one round, every client at the shared model, the observer holding that model.
@@ -105,6 +108,13 @@ class Defense(Plugin):
     def observer_model(self, model: nn.Module, client_models: list[nn.Module]) -> nn.Module:
         """The model the observer holds (its best knowledge of the parameters). Default: the shared model."""
         return model
+
+    def client_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        """The client's gradient of its loss on (x, y) at the model's parameters, one tensor per trainable parameter
+        (by name). Must not modify the model; randomness from `rng` (the client's own generator)."""
+        from gleak.protocol import batch_gradient  # protocol imports this module
+
+        return batch_gradient(model, x, y)
 
     def epsilon(self, *, delta: float, sample_rate: float, steps: int) -> float | None:
         """The (epsilon, delta)-DP guarantee of this defense where one is defined, else None."""

@@ -20,6 +20,7 @@ from gleak.figures import atomic_write_bytes
 from gleak.registry import plugin_info
 from gleak.metrics import LPIPS_HOWTO, PARTIAL_MSE, RECOVERED_MSE, verdict
 from gleak.store import CSV_COLUMNS, Store
+from gleak.utility import utility_config, utility_frame
 
 CASE_KEYS = ["dataset", "model", "batch_size"]
 
@@ -41,10 +42,10 @@ def _params_text(js: str, kind: str | None = None, name: str | None = None, show
     if kind and name:
         try:
             defaults = plugin_info(kind, name).defaults()
-            d = {k: v for k, v in d.items() if k in (show or ()) or k not in defaults or defaults[k] != v}
+            d = {k: v for k, v in d.items() if (k in (show or ()) and v is not None) or k not in defaults or defaults[k] != v}
         except InputError:  # a plugin that is not loaded now: show everything
             pass
-    return ", ".join(f"{k}={v}" for k, v in d.items()) if d else "-"
+    return ", ".join(f"{k}={format(v, '.6g') if isinstance(v, float) else v}" for k, v in d.items()) if d else "-"
 
 
 def _s(v: Any) -> str:
@@ -68,9 +69,25 @@ def _numeric_extras(series: pd.Series) -> dict[str, float]:
     return {k: float(np.mean(v)) for k, v in vals.items()}
 
 
+def case_variants(df: pd.DataFrame) -> pd.Series:
+    """Per trial, the case settings that differ between trials of one dataset/model/batch size (for example
+    model_state=trained), as 'k=v, ...', so that such trials are not averaged together; '' where none differ."""
+    out = pd.Series("", index=df.index, dtype=object)
+    if "case" not in df.columns:
+        return out
+    for _, g in df.groupby(CASE_KEYS, sort=False, dropna=False):
+        cases = {i: json.loads(s) if isinstance(s, str) and s else {} for i, s in g["case"].items()}
+        keys = sorted(set().union(*cases.values()) - set(CASE_KEYS))
+        varying = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in cases.values()}) > 1]
+        for i, c in cases.items():
+            out[i] = ", ".join(f"{k}={c.get(k)}" for k in varying)
+    return out
+
+
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (case, defense, defense params, attack, attack params) over the trials that finished."""
-    keys = CASE_KEYS + ["defense", "defense_params", "attack", "attack_params"]
+    keys = CASE_KEYS + ["variant", "defense", "defense_params", "attack", "attack_params"]
+    df = df.assign(variant=case_variants(df))
     rows = []
     for key, g in df.groupby(keys, sort=False, dropna=False):
         ok = g[g.status == "ok"]
@@ -112,6 +129,10 @@ def _fmt(v: Any, kind: str = "g") -> str:
     return str(v)
 
 
+def _num(v: Any) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
 def defense_ranking(agg: pd.DataFrame, utility: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each defense config's worst case over attacks and cases (image attacks by PSNR; label attacks beside)."""
     rows = []
@@ -127,11 +148,11 @@ def defense_ranking(agg: pd.DataFrame, utility: pd.DataFrame | None = None) -> p
         lab = g[g["label_acc"].notna()]
         row["label_acc"] = float(lab["label_acc"].max()) if len(lab) else None
         row["grad_dist"] = float(g["grad_dist"].dropna().mean()) if g["grad_dist"].notna().any() else None
-        if utility is not None and len(utility):
+        if utility is not None:
             u = utility[(utility["defense"] == d) & (utility["defense_params"] == dp)]
-            if len(u):
-                row["accuracy"] = float(u["accuracy"].iloc[0])
-                row["epsilon"] = u["epsilon"].iloc[0]
+            row["accuracy"] = _num(u["accuracy"].iloc[0]) if len(u) else None
+            row["baseline_accuracy"] = _num(u["baseline_accuracy"].iloc[0]) if len(u) else None
+            row["epsilon"] = _num(u["epsilon"].iloc[0]) if len(u) else None
         rows.append(row)
     out = pd.DataFrame(rows)
     if "psnr" in out:
@@ -165,7 +186,8 @@ def attack_ranking(agg: pd.DataFrame) -> pd.DataFrame:
 
 
 def _case_text(r: Any) -> str:
-    return f"{r['dataset']}/{r['model']}/B={r['batch_size']}"
+    variant = f" ({r['variant']})" if r.get("variant") else ""
+    return f"{r['dataset']}/{r['model']}/B={r['batch_size']}{variant}"
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -178,23 +200,75 @@ def _extras_text(d: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:.3g}" for k, v in sorted(d.items()) if not k.startswith("_"))
 
 
-def leaderboard_markdown(
+def _defense_label(name: str, params_js: str, vd: dict[str, set[str]]) -> str:
+    p = _params_text(params_js, "defense", name, vd.get(name))
+    return name if p == "-" else f"{name} {p}"
+
+
+def _attack_label(name: str, params_js: str, va: dict[str, set[str]]) -> str:
+    p = _params_text(params_js, "attack", name, va.get(name))
+    return name if p == "-" else f"{name} {p}"
+
+
+def attack_defense_matrix(agg: pd.DataFrame, dr: pd.DataFrame, vd: dict, va: dict) -> tuple[list[str], list[list[str]]]:
+    """Each attack's best result against each defense configuration (over cases): the PSNR and verdict of its best
+    image reconstruction, or its best label accuracy for label-only attacks. Rows in the defense ranking's order."""
+    attacks = list(dict.fromkeys(zip(agg["attack"], agg["attack_params"])))
+    header = ["defense", "params"] + [_attack_label(a, ap, va) for a, ap in attacks]
+    rows = []
+    for _, d in dr.iterrows():
+        g = agg[(agg["defense"] == d["defense"]) & (agg["defense_params"] == d["defense_params"])]
+        row = [d["defense"], _params_text(d["defense_params"], "defense", d["defense"], vd.get(d["defense"]))]
+        for a, ap in attacks:
+            c = g[(g["attack"] == a) & (g["attack_params"] == ap)]
+            img = c[c["psnr"].notna()]
+            if len(img):
+                best = img.loc[img["psnr"].idxmax()]
+                row.append(f"{_fmt(best['psnr'], '2')} ({best['verdict']})")
+            elif c["label_acc"].notna().any():
+                row.append(f"labels {_fmt(float(c['label_acc'].max()), '3')}")
+            else:
+                row.append("")
+        rows.append(row)
+    return header, rows
+
+
+def _utility_intro(cfg: Any, utility: pd.DataFrame) -> str:
+    algo = "FedSGD" if cfg.algorithm == "fedsgd" else f"FedAvg ({cfg.local_steps} local steps at lr {cfg.lr})"
+    base = utility["baseline_accuracy"].dropna()
+    base_txt = f"{100 * float(base.iloc[0]):.2f}%" if len(base) else "unavailable"
+    text = (
+        f"Accuracy: top-1 on the test split after federated training of `{cfg.model}` on `{cfg.dataset}`: {algo}, "
+        f"{cfg.clients} clients with IID shards, {cfg.rounds} rounds, batch {cfg.batch_size} per client"
+        f"{' and step' if cfg.algorithm == 'fedavg' else ''}, lr {cfg.lr}, seed {cfg.seed}, the defense on every "
+        f"client's update in every round; every run draws the same batches. Baseline without defense: {base_txt}."
+    )
+    if utility["epsilon"].notna().any():
+        text += (
+            f" Epsilon: (epsilon, delta = {cfg.delta:g})-DP of each example of a client's data, from opacus' accountant "
+            f"for the run's sampling rate (batch / shard size) and steps (rounds x local steps); empty where undefined."
+        )
+    return text
+
+
+def leaderboard_document(
     suite: str, description: str, df: pd.DataFrame, agg: pd.DataFrame, dr: pd.DataFrame, ar: pd.DataFrame,
-    utility: pd.DataFrame | None = None, notes: list[str] | None = None,
-) -> str:  # fmt: skip
+    utility: pd.DataFrame | None = None, notes: list[str] | None = None, utility_cfg: Any = None,
+    figures: list[tuple[str, str]] | None = None,
+) -> list[tuple]:  # fmt: skip
+    """The leaderboard as blocks, rendered to Markdown and HTML alike: ("h1"|"h2"|"h3"|"p", text),
+    ("table", header, rows), ("list", items), ("figure", relative path, caption)."""
     ok, failed = int((df.status == "ok").sum()), int((df.status != "ok").sum())
     vd, va = varying_keys(df, "defense"), varying_keys(df, "attack")
-    out = [f"# Leaderboard: {suite}", ""]
+    doc: list[tuple] = [("h1", f"Leaderboard: {suite}")]
     if description:
-        out += [description.strip(), ""]
-    out += [
-        f"{len(df)} trials: {ok} ok, {failed} failed. Written by `gleak run`; regenerate with `gleak leaderboard DIR`.",
+        doc.append(("p", description.strip()))
+    doc.append(("p",
+        f"{len(df)} trials: {ok} ok, {failed} failed. Written by `gleak run`; regenerate with `gleak leaderboard DIR`. "
         f"Verdict of the median MSE (DLG Fig. 6 bands, seed 002): MSE < {RECOVERED_MSE} recovered, < {PARTIAL_MSE} "
         "partial, else defended. PSNR, SSIM, LPIPS, cosine: means over trials after optimal matching; "
-        "'recovered' is the share of trials below the recovered band.",
-        "",
-    ]
-    show_util = "accuracy" in dr.columns
+        "'recovered' is the share of trials below the recovered band."))  # fmt: skip
+    show_util = utility is not None and "accuracy" in dr.columns
     h = ["rank", "defense", "params", "worst attack", "worst case", "PSNR", "MSE (median)", "SSIM", "LPIPS", "verdict",
          "recovered", "label acc", "grad dist"]  # fmt: skip
     if show_util:
@@ -208,18 +282,50 @@ def leaderboard_markdown(
         if show_util:
             row += [_fmt(r.get("accuracy"), "pct"), _fmt(r.get("epsilon"), "2")]
         rows.append(row)
-    out += ["## Defenses, ranked by their worst case over attacks", "", _md_table(h, rows), ""]
+    doc += [("h2", "Defenses, ranked by their worst case over attacks")]
+    if show_util:
+        doc.append(("p", "A defense is only as strong as the best attack against it. Accuracy and epsilon: see "
+                         "'Utility' below."))  # fmt: skip
+    doc.append(("table", h, rows))
+
+    if show_util:
+        doc.append(("h2", "Utility: accuracy under each defense, next to its worst-case leakage"))
+        if utility_cfg is not None:
+            doc.append(("p", _utility_intro(utility_cfg, utility)))
+        by_cfg = {(r["defense"], r["defense_params"]): r for _, r in dr.iterrows()}
+        rows = []
+        for _, u in utility.iterrows():
+            r = by_cfg.get((u["defense"], u["defense_params"]), {})
+            acc, base = _num(u["accuracy"]), _num(u["baseline_accuracy"])
+            delta = f"{100 * (acc - base):+.2f}" if acc is not None and base is not None else ""
+            rows.append([u["defense"], _params_text(u["defense_params"], "defense", u["defense"], vd.get(u["defense"])),
+                         _fmt(acc, "pct"), delta, _fmt(_num(u["epsilon"]), "2"), _fmt(r.get("psnr"), "2"),
+                         _s(r.get("worst_attack")), _s(r.get("verdict")),
+                         _s(u["error"]) if u["status"] != "ok" else ""])  # fmt: skip
+        doc.append(("table", ["defense", "params", "accuracy", "change (points)", "epsilon", "worst-case PSNR",
+                              "worst attack", "verdict", "error"], rows))  # fmt: skip
 
     rows = [[str(r["rank"]), r["attack"], _params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
              _fmt(r["psnr_undefended"], "2"), _fmt(r["best_psnr"], "2"), _s(r["defenses_recovered"]),
              _fmt(r["label_acc_undefended"], "3")]
             for _, r in ar.iterrows()]  # fmt: skip
     h = ["rank", "attack", "params", "PSNR undefended", "best PSNR", "configs recovered", "label acc undefended"]
-    out += ["## Attacks, ranked by their results against the undefended baseline", "", _md_table(h, rows), ""]
+    doc += [("h2", "Attacks, ranked by their results against the undefended baseline"), ("table", h, rows)]
+    mh, mrows = attack_defense_matrix(agg, dr, vd, va)
+    doc += [("h2", "Each attack's best result against each defense"),
+            ("p", "PSNR (dB) of the attack's best reconstruction over cases, with its verdict; label-only attacks: "
+                  "their best label accuracy. Defenses in ranking order."),
+            ("table", mh, mrows)]  # fmt: skip
 
-    out += ["## Results by case", ""]
-    for case_key, g in agg.groupby(CASE_KEYS, sort=False):
-        out += [f"### dataset={case_key[0]} model={case_key[1]} batch size={case_key[2]}", ""]
+    if figures:
+        doc.append(("h2", "Figures"))
+        for rel, caption in figures:
+            doc.append(("figure", rel, caption))
+
+    doc.append(("h2", "Results by case"))
+    for case_key, g in agg.groupby(CASE_KEYS + ["variant"], sort=False):
+        variant = f" {case_key[3]}" if case_key[3] else ""
+        doc.append(("h3", f"dataset={case_key[0]} model={case_key[1]} batch size={case_key[2]}{variant}"))
         h = ["defense", "params", "attack", "attack params", "trials", "PSNR", "MSE (median)", "SSIM", "LPIPS",
              "cosine", "label acc", "labels exact", "recovered", "verdict", "grad dist", "diagnostics"]  # fmt: skip
         rows = [[r["defense"], _params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"])), r["attack"],
@@ -228,51 +334,298 @@ def leaderboard_markdown(
                  _fmt(r["ssim"], "3"), _fmt(r["lpips"], "3"), _fmt(r["cosine"], "3"), _fmt(r["label_acc"], "3"),
                  _s(r["labels_exact"]), _fmt(r["recovered"], "pct"), _s(r["verdict"]),
                  _fmt(r["grad_dist"], "3"), _extras_text(r["extra"])] for _, r in g.iterrows()]  # fmt: skip
-        out += [_md_table(h, rows), ""]
+        doc.append(("table", h, rows))
     if failed:
-        out += ["## Failed trials", ""]
         errs = df[df.status != "ok"].groupby(["attack", "defense", "error"], dropna=False).size().reset_index(name="n")
-        out += [_md_table(["attack", "defense", "error", "trials"],
-                          [[r["attack"], r["defense"], str(r["error"]), str(r["n"])] for _, r in errs.iterrows()]), ""]  # fmt: skip
+        doc += [("h2", "Failed trials"), ("table", ["attack", "defense", "error", "trials"],
+                 [[r["attack"], r["defense"], str(r["error"]), str(r["n"])] for _, r in errs.iterrows()])]  # fmt: skip
     footnotes = list(notes or [])
     if df["mse"].notna().any() and not df["lpips"].notna().any():
         footnotes.append(f"LPIPS is unavailable on the machine that ran this suite, so its column is empty. {LPIPS_HOWTO}.")
     if footnotes:
-        out += ["## Notes", ""] + [f"- {n}" for n in footnotes] + [""]
+        doc += [("h2", "Notes"), ("list", footnotes)]
+    return doc
+
+
+def render_markdown(doc: list[tuple]) -> str:
+    out: list[str] = []
+    for block in doc:
+        kind = block[0]
+        if kind in ("h1", "h2", "h3"):
+            out += ["#" * int(kind[1]) + " " + block[1], ""]
+        elif kind == "p":
+            out += [block[1], ""]
+        elif kind == "table":
+            out += [_md_table(block[1], [[c.replace("|", "\\|") for c in r] for r in block[2]]), ""]
+        elif kind == "list":
+            out += [f"- {item}" for item in block[1]] + [""]
+        elif kind == "figure":
+            out += [f"![{block[2]}]({block[1]})", "", f"*{block[2]}*", ""]
     return "\n".join(out)
+
+
+_HTML_STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1400px;
+       padding: 0 1em; color: #1a1a1a; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.8em; border-bottom: 1px solid #ddd; }
+h3 { font-size: 1.05em; }
+table { border-collapse: collapse; margin: 0.6em 0 1.2em; font-size: 12.5px; }
+th, td { border: 1px solid #d0d0d0; padding: 3px 7px; text-align: left; vertical-align: top; }
+th { background: #f2f2f2; position: sticky; top: 0; }
+tr:nth-child(even) td { background: #fafafa; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.verdict-recovered { color: #b00020; font-weight: 600; } .verdict-partial { color: #b35c00; }
+.verdict-defended { color: #1b7a2b; font-weight: 600; }
+figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 12.5px; } code { background: #f4f4f4; padding: 0 3px; border-radius: 3px; }
+.scroll { overflow-x: auto; }
+"""
+
+
+def _html_inline(text: str) -> str:
+    """Escape, then turn `code` spans into <code>."""
+    import html
+    import re
+
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+def _html_cell(value: str, header: str) -> str:
+    import html
+    import re
+
+    v = html.escape(value)
+    cls = []
+    if re.fullmatch(r"[-+]?(\d[\d.,]*(e[-+]?\d+)?%?|inf)", value.strip()):
+        cls.append("num")
+    for word in ("recovered", "partial", "defended"):
+        if header in ("verdict",) and value == word or re.search(rf"\({word}\)$", value):
+            cls.append(f"verdict-{word}")
+    return f"<td{' class=' + chr(34) + ' '.join(cls) + chr(34) if cls else ''}>{v}</td>"
+
+
+def render_html(doc: list[tuple], folder: Path, max_embed_bytes: int = 3 << 20) -> str:
+    """A self-contained page: inline CSS, figures embedded as data URIs (no file or network reference)."""
+    import base64
+    import html
+
+    title = next((b[1] for b in doc if b[0] == "h1"), "gleak leaderboard")
+    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">', f"<title>{html.escape(title)}</title>",
+           f"<style>{_HTML_STYLE}</style>", "</head>", "<body>"]  # fmt: skip
+    embedded = 0
+    for block in doc:
+        kind = block[0]
+        if kind in ("h1", "h2", "h3"):
+            out.append(f"<{kind}>{_html_inline(block[1])}</{kind}>")
+        elif kind == "p":
+            out.append(f"<p>{_html_inline(block[1])}</p>")
+        elif kind == "table":
+            header, rows = block[1], block[2]
+            out.append('<div class="scroll"><table>')
+            out.append("<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead><tbody>")
+            for r in rows:
+                out.append("<tr>" + "".join(_html_cell(c, h) for c, h in zip(r, header)) + "</tr>")
+            out.append("</tbody></table></div>")
+        elif kind == "list":
+            out.append("<ul>" + "".join(f"<li>{_html_inline(i)}</li>" for i in block[1]) + "</ul>")
+        elif kind == "figure":
+            f = folder / block[1]
+            if not f.is_file():
+                continue
+            data = f.read_bytes()
+            cap = _html_inline(block[2])
+            if embedded + len(data) > max_embed_bytes:
+                out.append(f"<p>Figure not embedded (page size limit): {html.escape(block[1])}. {cap}</p>")
+                continue
+            embedded += len(data)
+            uri = "data:image/png;base64," + base64.b64encode(data).decode()
+            out.append(f'<figure><img src="{uri}" alt="{html.escape(block[2])}"><figcaption>{cap}</figcaption></figure>')
+    out += ["</body>", "</html>", ""]
+    return "\n".join(out)
+
+
+def leaderboard_markdown(
+    suite: str, description: str, df: pd.DataFrame, agg: pd.DataFrame, dr: pd.DataFrame, ar: pd.DataFrame,
+    utility: pd.DataFrame | None = None, notes: list[str] | None = None,
+) -> str:  # fmt: skip
+    return render_markdown(leaderboard_document(suite, description, df, agg, dr, ar, utility, notes))
 
 
 def _write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def write_reports(folder: str | Path, suite: str | None = None, description: str | None = None) -> dict[str, Path]:
-    """Regenerate results.csv and the leaderboard files of an output folder from its store."""
-    folder = Path(folder)
+def _load(folder: Path) -> dict[str, Any]:
     store = Store.open_existing(folder)
     try:
-        df = results_frame(store)
-        suite = suite or store.get_meta("suite", folder.name)
-        description = description if description is not None else store.get_meta("description", "")
+        return {"df": results_frame(store), "utility": utility_frame(store), "utility_cfg": utility_config(store),
+                "suite": store.get_meta("suite", folder.name), "description": store.get_meta("description", "")}  # fmt: skip
     finally:
         store.close()
+
+
+def _slug(text: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80]
+
+
+def strength_series(agg: pd.DataFrame, vd: dict[str, set[str]]) -> list[tuple[str, str, list[tuple[str, dict]]]]:
+    """For each defense, the groups of its configurations that differ in one numeric parameter: (defense, parameter,
+    [(group label, {params_json: x})]). Groups split by the non-numeric parameters that vary (distribution, mode)."""
+    out = []
+    for name, g in agg.groupby("defense", sort=False):
+        configs = list(dict.fromkeys(g["defense_params"]))
+        if len(configs) < 2:
+            continue
+        dicts = {js: json.loads(js) for js in configs}
+        varying = sorted(vd.get(name, set()))
+
+        def is_num(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        categorical = [k for k in varying if any(d.get(k) is not None and not is_num(d.get(k)) for d in dicts.values())]
+        groups: dict[tuple, list[str]] = {}
+        for js, d in dicts.items():
+            groups.setdefault(tuple(d.get(k) for k in categorical), []).append(js)
+        by_key: dict[str, list[tuple[tuple, dict]]] = {}
+        for values, members in groups.items():
+            numeric = [k for k in varying if k not in categorical
+                       and len({json.dumps(dicts[m].get(k)) for m in members}) > 1
+                       and all(is_num(dicts[m].get(k)) for m in members)]  # fmt: skip
+            if len(members) < 2 or not numeric:
+                continue
+            key = numeric[0]
+            by_key.setdefault(key, []).append((values, {m: float(dicts[m][key]) for m in members}))
+        for key, series in by_key.items():  # name a line by the categorical values that differ between the lines
+            shown = [j for j, k in enumerate(categorical) if len({v[j] for v, _ in series}) > 1]
+            out.append((name, key, [(", ".join(f"{categorical[j]}={v[j]}" for j in shown), xs) for v, xs in series]))
+    return out
+
+
+FIGURE_PREFIXES = ("reconstructions_", "strength_", "frontier", "utility_curves")
+
+
+def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """Write DIR/figures/*.png from the store; returns [(path relative to DIR, caption)]."""
+    from gleak import figures as fg
+
+    folder = Path(folder)
+    data = data or _load(folder)
+    df, utility = data["df"], data["utility"]
+    out: list[tuple[str, str]] = []
+    fig_dir = folder / "figures"
+    if len(df) == 0:
+        return out
+    agg = aggregate(df)
+    dr = defense_ranking(agg, utility)
+    vd, va = varying_keys(df, "defense"), varying_keys(df, "attack")
+    written: set[str] = set()
+
+    def add(path: Path | None, caption: str) -> None:
+        if path is not None:
+            rel = str(path.relative_to(folder))
+            written.add(path.name)
+            out.append((rel, caption))
+
+    # Reconstruction grids: one per case; rows defense configs (suite order), columns attacks; first seed with an image.
+    ok = df[(df["status"] == "ok") & df["image"].notna()]
+    for case_key, g in ok.groupby(CASE_KEYS, sort=False):
+        g = g.sort_values("seed", kind="stable")
+        first = g.drop_duplicates(["defense", "defense_params", "attack", "attack_params"])
+        cells = pd.DataFrame({
+            "row_label": [_defense_label(r["defense"], r["defense_params"], vd) for _, r in first.iterrows()],
+            "col_label": [_attack_label(r["attack"], r["attack_params"], va) for _, r in first.iterrows()],
+            "image": first["image"].tolist(), "psnr": first["psnr"].tolist(),
+        })  # fmt: skip
+        name = f"reconstructions_{_slug('_'.join(str(k) for k in case_key))}.png"
+        title = f"Reconstructions, {case_key[0]}/{case_key[1]}, batch size {case_key[2]}, seed {int(g['seed'].min())}"
+        add(fg.reconstruction_grid(cells, folder / "images", fig_dir / name, title),
+            f"Reconstructions per attack (columns) and defense (rows), {case_key[0]}/{case_key[1]}/B={case_key[2]}.")
+
+    # Each metric against defense strength, one line per attack (worst case over cases per configuration).
+    worst = agg.groupby(["defense", "defense_params", "attack", "attack_params"], sort=False).agg(
+        psnr=("psnr", "max"), ssim=("ssim", "max"), mse_median=("mse_median", "min"), lpips=("lpips", "min"),
+        label_acc=("label_acc", "max")).reset_index()  # fmt: skip
+    worst["attack_label"] = [_attack_label(a, ap, va) for a, ap in zip(worst["attack"], worst["attack_params"])]
+    base = worst[worst["defense"] == "none"]
+    acc_of = {}
+    if utility is not None:
+        acc_of = {(u["defense"], u["defense_params"]): _num(u["accuracy"]) for _, u in utility.iterrows()}
+    base_acc = _num(utility["baseline_accuracy"].dropna().iloc[0]) if utility is not None and utility["baseline_accuracy"].notna().any() else None
+    for name, key, series in strength_series(agg, vd):
+        lines, accs = [], []
+        for label, xs in series:
+            for js, x in xs.items():
+                w = worst[(worst["defense"] == name) & (worst["defense_params"] == js)]
+                for _, r in w.iterrows():
+                    lines.append({"attack": r["attack_label"], "group": label, "x": x,
+                                  **{m: _num(r[m]) for m in ("psnr", "ssim", "mse_median", "lpips", "label_acc")}})  # fmt: skip
+                if acc_of.get((name, js)) is not None:
+                    accs.append({"group": label, "x": x, "accuracy": acc_of[(name, js)]})
+        baselines: dict[str, Any] = {m: {r["attack_label"]: _num(r[m]) for _, r in base.iterrows()}
+                                     for m in ("psnr", "ssim", "mse_median", "lpips", "label_acc")}  # fmt: skip
+        baselines["accuracy"] = base_acc
+        path = fig_dir / f"strength_{_slug(name)}_{_slug(key)}.png"
+        add(fg.strength_figure(pd.DataFrame(lines), pd.DataFrame(accs) if accs else None, baselines, key, path,
+                               f"{name}: each metric against {key}"),
+            f"{name}: the best attack result (worst case over cases) and the test accuracy against {key}, one line per attack.")  # fmt: skip
+
+    # The privacy-utility frontier.
+    if utility is not None and "accuracy" in dr and dr["accuracy"].notna().any() and dr["psnr"].notna().any():
+        pts = pd.DataFrame({"label": [_defense_label(r["defense"], r["defense_params"], vd) for _, r in dr.iterrows()],
+                            "accuracy": dr["accuracy"], "psnr": dr["psnr"]})  # fmt: skip
+        add(fg.frontier_figure(pts, fig_dir / "frontier.png", "Privacy-utility frontier: worst-case attack PSNR against test accuracy", base_acc),
+            "Privacy-utility frontier: each defense configuration's worst-case attack PSNR against its test accuracy; "
+            "the Pareto front in red.")  # fmt: skip
+        curves = [(_defense_label(u["defense"], u["defense_params"], vd), json.loads(u["extra"] or "{}").get("curve", []))
+                  for _, u in utility.iterrows()]  # fmt: skip
+        if any(c for _, c in curves):
+            add(fg.curves_figure(curves, fig_dir / "utility_curves.png", "Test accuracy during federated training"),
+                "Test accuracy against round for each utility run (is the baseline converged?).")
+    if fig_dir.is_dir():  # our figures of configurations no longer in the suite would mislead; others are left alone
+        for f in fig_dir.glob("*.png"):
+            if f.name not in written and f.name.startswith(FIGURE_PREFIXES):
+                f.unlink()
+    return out
+
+
+def write_reports(folder: str | Path, suite: str | None = None, description: str | None = None) -> dict[str, Path]:
+    """Regenerate results.csv, utility.csv, the leaderboard files (Markdown, CSV, LaTeX, HTML) and the figures of an
+    output folder from its store."""
+    folder = Path(folder)
+    data = _load(folder)
+    df, utility = data["df"], data["utility"]
+    suite = suite or data["suite"]
+    description = description if description is not None else data["description"]
     paths = {}
     csv = df[CSV_COLUMNS].to_csv(index=False)
     _write_text(folder / "results.csv", csv)
     paths["results.csv"] = folder / "results.csv"
+    if utility is not None:
+        _write_text(folder / "utility.csv", utility.to_csv(index=False))
+        paths["utility.csv"] = folder / "utility.csv"
+    else:
+        (folder / "utility.csv").unlink(missing_ok=True)  # written from the store only: never a stale one
     if len(df) == 0:
         return paths
     agg = aggregate(df)
-    utility = pd.read_csv(folder / "utility.csv") if (folder / "utility.csv").is_file() else None
     dr = defense_ranking(agg, utility)
     ar = attack_ranking(agg)
-    md = leaderboard_markdown(suite, description, df, agg, dr, ar, utility)
-    _write_text(folder / "leaderboard.md", md)
+    figures = write_figures(folder, data)
+    doc = leaderboard_document(suite, description, df, agg, dr, ar, utility, None, data["utility_cfg"], figures)
+    _write_text(folder / "leaderboard.md", render_markdown(doc))
+    _write_text(folder / "leaderboard.html", render_html(doc, folder))
     _write_text(folder / "leaderboard.csv", dr.to_csv(index=False))
     detail = agg.assign(extra=agg["extra"].map(lambda d: json.dumps(d, sort_keys=True)))
     _write_text(folder / "leaderboard_by_case.csv", detail.to_csv(index=False))
-    tex_cols = [c for c in ["rank", "defense", "defense_params", "worst_attack", "psnr", "ssim", "verdict", "label_acc"] if c in dr]
-    tex = dr[tex_cols].to_latex(index=False, float_format="%.3f", na_rep="")
+    vd = varying_keys(df, "defense")
+    tex_frame = dr.assign(defense_params=[_params_text(js, "defense", d, vd.get(d)) for d, js in zip(dr["defense"], dr["defense_params"])])
+    tex_cols = ["rank", "defense", "defense_params", "worst_attack", "psnr", "ssim", "verdict", "label_acc", "accuracy", "epsilon"]
+    tex = tex_frame[[c for c in tex_cols if c in dr]].to_latex(index=False, float_format="%.3f", na_rep="", escape=True)
     _write_text(folder / "leaderboard.tex", tex)
-    paths.update({n: folder / n for n in ("leaderboard.md", "leaderboard.csv", "leaderboard_by_case.csv", "leaderboard.tex")})
+    names = ("leaderboard.md", "leaderboard.html", "leaderboard.csv", "leaderboard_by_case.csv", "leaderboard.tex")
+    paths.update({n: folder / n for n in names})
+    paths.update({rel: folder / rel for rel, _ in figures})
     return paths

@@ -185,6 +185,7 @@ def run_suite(
         store = Store(out)
         stack.callback(store.close)
         store.clean_partial_files()  # left by a run that was killed while writing an image or a report
+        store.rekey()  # trials stored before a compatible change of the id rule keep counting as finished
         store.set_meta("suite", suite.name)
         store.set_meta("description", suite.description)
         store.set_membership(suite.trials)
@@ -216,6 +217,9 @@ def run_suite(
             writer.close()  # everything finished is committed, also when interrupted
         bar.close()
         store.clean_partial_files()  # a worker killed while writing an image; no worker runs now
+        from gleak.utility import run_suite_utility
+
+        util_failed = run_suite_utility(suite, store, progress, workers or 1)  # accuracy under each defense
         # Count failures over the whole suite, not only this run's trials.
         failed_total = int(
             store.db.execute(
@@ -223,4 +227,4 @@ def run_suite(
             ).fetchone()[0]
         )
         write_reports(out, suite.name, suite.description)
-    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total))
+    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed)

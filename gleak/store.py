@@ -153,6 +153,42 @@ class Store:
             self.db.execute("BEGIN")
             self.db.executemany(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", [list(r.values()) for r in recs])
 
+    def rekey(self) -> list[tuple[str, str]]:
+        """Give every stored trial the id its stored config has under the current code (and rename its image).
+
+        A trial's id hashes its identity (TrialConfig.identity). When that rule changes for a case where nothing
+        computed changes (a new CaseConfig field listed in LATER_FIELDS, which drops it at its default), trials
+        stored before keep their old ids and would be recomputed. This maps them to the new ids; the results are
+        untouched. A row whose new id is already taken keeps its old id (the newer row wins). Call under the lock.
+        Returns the (old, new) pairs changed."""
+        changed, stale = [], []
+        rows = self.db.execute("SELECT trial_id, config, image FROM trials").fetchall()
+        taken = {r[0] for r in rows}
+        with self.db:
+            self.db.execute("BEGIN")
+            for old, config, image in rows:
+                cfg = TrialConfig.from_json(config)
+                new = cfg.trial_id
+                if new == old or new in taken:
+                    continue
+                new_image = image
+                if image:  # a second link under the new name now, the old name goes after the commit: never lost
+                    src, new_image = self.folder / "images" / image, f"{new}{Path(image).suffix}"
+                    dst = self.folder / "images" / new_image
+                    if src.exists() and not dst.exists():
+                        os.link(src, dst)
+                        stale.append(src)
+                self.db.execute(
+                    'UPDATE trials SET trial_id = ?, config = ?, "case" = ?, image = ? WHERE trial_id = ?',
+                    (new, cfg.to_json(), _json(cfg.case.to_dict()), new_image, old),
+                )
+                self.db.execute("UPDATE membership SET trial_id = ? WHERE trial_id = ?", (new, old))
+                taken.add(new)
+                changed.append((old, new))
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return changed
+
     def clean_partial_files(self) -> list[Path]:
         """Delete the temporary files that a killed writer left (figures.atomic_write_bytes writes `.NAME.XXXXXXXX`
         beside NAME, then renames). Call only while holding the lock: no other gleak run is writing here then."""

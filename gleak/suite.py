@@ -4,6 +4,7 @@
     [case]                       keys of gleak.config.CaseConfig; a list value expands the grid
     [[attack]] / [[defense]]     name plus parameters; a list value expands the grid
     [[grid]]                     optional sub-grids: each may override seeds, case, attack and defense
+    [utility]                    optional: keys of gleak.config.UtilityConfig (accuracy under each defense)
 
 Every error is one line that names the file, the table and the key.
 """
@@ -20,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from gleak import registry
-from gleak.config import CASE_FIELDS, CaseConfig, TrialConfig, check_case_values
+from gleak.config import (
+    CASE_FIELDS, UTILITY_FIELDS, CaseConfig, TrialConfig, UtilityConfig, check_case_values, check_utility_values,
+)  # fmt: skip
 from gleak.errors import InputError, UnknownPluginError
 
 SUITE_KEYS = {"name", "seeds", "description", "save_images"}
-TOP_TABLES = {"suite", "case", "attack", "defense", "grid"}
+TOP_TABLES = {"suite", "case", "attack", "defense", "grid", "utility"}
 GRID_KEYS = {"name", "seeds", "case", "attack", "defense"}
 
 
@@ -36,6 +39,7 @@ class Suite:
     description: str = ""
     save_images: bool = True
     extra_tables: dict[str, Any] = field(default_factory=dict)
+    utility: UtilityConfig | None = None  # the [utility] table, validated
 
 
 def _close(key: str, known: typing.Iterable[str]) -> str:
@@ -174,16 +178,49 @@ def _cases(raw: Any, where: _Where, table: str) -> list[CaseConfig]:
         case = CaseConfig(**point)
         for k, problem in check_case_values(case):
             raise where.error(table, k, problem)
-        try:
-            registry.plugin_info("model", case.model)
-        except UnknownPluginError as exc:
-            raise where.error(table, "model", str(exc)) from None
-        try:
-            full = registry.check_params("model", case.model, case.model_params)
-        except registry.ParamError as exc:
-            raise where.error(table, f"model_params.{exc.key}" if exc.key else "model_params", str(exc)) from None
-        cases.append(dataclasses.replace(case, model_params=full))
+        cases.append(dataclasses.replace(case, model_params=_model_params(case.model, case.model_params, where, table)))
     return cases
+
+
+def _model_params(model: str, params: dict[str, Any], where: _Where, table: str) -> dict[str, Any]:
+    """The model's full parameters (defaults filled in), or an error naming the model or the parameter."""
+    try:
+        registry.plugin_info("model", model)
+    except UnknownPluginError as exc:
+        raise where.error(table, "model", str(exc)) from None
+    try:
+        return registry.check_params("model", model, params)
+    except registry.ParamError as exc:
+        raise where.error(table, f"model_params.{exc.key}" if exc.key else "model_params", str(exc)) from None
+
+
+def _utility(raw: Any, where: _Where) -> UtilityConfig:
+    """The [utility] table: one training configuration (lists are values, not grids), its data set loaded once."""
+    from gleak.data import load_dataset
+
+    table = "utility"
+    if not isinstance(raw, dict):
+        raise where.error(table, None, "must be a table")
+    hints = typing.get_type_hints(UtilityConfig)
+    for k, v in raw.items():
+        if k not in UTILITY_FIELDS:
+            raise where.error(table, k, f"unknown key{_close(k, UTILITY_FIELDS)} (keys: {', '.join(UTILITY_FIELDS)})")
+        if not registry.check_value(hints[k], v):
+            raise where.error(table, k, f"must be {registry._type_name(hints[k])}, got {v!r} ({type(v).__name__})")
+    u = UtilityConfig(**raw)
+    for k, problem in check_utility_values(u):
+        raise where.error(table, k, problem)
+    u = dataclasses.replace(u, model_params=_model_params(u.model, u.model_params, where, table))
+    kw = dict(root=u.data_root, resolution=u.resolution, channels=u.channels, download=u.download)
+    try:
+        shard = len(load_dataset(u.dataset, "train", **kw)) // u.clients
+        load_dataset(u.dataset, "test", **kw)
+    except InputError as exc:
+        raise where.error(table, "dataset", str(exc)) from None
+    need = u.batch_size * u.local_steps
+    if need > shard:
+        raise where.error(table, "batch_size", f"batch_size x local_steps = {need} exceeds a client's shard of {shard} samples")
+    return u
 
 
 def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
@@ -272,4 +309,5 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     for t in trials:
         unique.setdefault(t.trial_id, t)  # the same trial asked for twice runs once
     extras = {k: doc[k] for k in extra_tables if k in doc}
-    return Suite(name, path, list(unique.values()), description, save_images, extras)
+    utility = _utility(doc["utility"], where) if "utility" in doc and "utility" not in extra_tables else None
+    return Suite(name, path, list(unique.values()), description, save_images, extras, utility)

@@ -22,8 +22,8 @@ from torch import nn
 from gleak.config import TrialConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset, sample_indices
 from gleak.metrics import relative_distance, score
-from gleak.models import create_model
 from gleak.plugin import Attack, Defense
+from gleak.pretrain import build_model
 from gleak.protocol import fedavg_update, fedsgd_update, send_round, server_step, transmit
 from gleak.registry import create
 from gleak.threat import ClientBatch, Knowledge, Observation, Update, denormalize
@@ -79,10 +79,15 @@ def observer_model(attack: Attack, model: nn.Module, cfg: TrialConfig) -> nn.Mod
     return mine
 
 
-def client_update(model: nn.Module, batch: ClientBatch, cfg: TrialConfig) -> Update:
+def client_update(
+    model: nn.Module, batch: ClientBatch, cfg: TrialConfig, defense: Defense | None = None, client: int = 0, tag: str = ""
+) -> Update:
+    """Client `client`'s update; its gradients come from the defense's `client_gradient` hook (plain by default),
+    which draws from the client's own generator (`tag` names the round for the warm-up rounds)."""
+    rng = generator(cfg.seed, f"client/{client}{tag}")
     if cfg.case.update == "fedavg":
-        return fedavg_update(model, batch, cfg.case.local_lr, cfg.case.local_steps)
-    return fedsgd_update(model, batch)
+        return fedavg_update(model, batch, cfg.case.local_lr, cfg.case.local_steps, defense=defense, rng=rng)
+    return fedsgd_update(model, batch, defense, rng)
 
 
 def warm_up(
@@ -93,7 +98,8 @@ def warm_up(
     state on. Returns the global model the attacked round starts from and what the observer saw in each round."""
     seen = []
     for r in range(cfg.case.rounds):
-        updates = [client_update(model, b, cfg) for b in draw_batches(ds, cfg, DTYPES[cfg.case.dtype], f"data/round-{r}")]
+        batches = draw_batches(ds, cfg, DTYPES[cfg.case.dtype], f"data/round-{r}")
+        updates = [client_update(model, b, cfg, d, i, f"/round-{r}") for i, (b, d) in enumerate(zip(batches, defenses))]
         rng = generator(cfg.seed, f"defense/round-{r}")
         sent = transmit(defenses, updates, rng)
         seen.append(Observation(defenses[0].observe(sent, rng), knowledge, observer_model(attack, model, cfg)))
@@ -125,10 +131,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public)
 
-    model = create_model(
-        cfg.case.model, ds.input_shape, ds.num_classes, seed=derive_seed(cfg.seed, "model"), dtype=dtype,
-        **cfg.case.model_params,
-    )
+    model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
     model, history = warm_up(model, defenses, ds, cfg, attack, knowledge)
     model = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
 
@@ -140,7 +143,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     for r in range(protocol.observed_rounds()):
         if r:
             models = protocol.next_models(models, rng)
-        updates = [client_update(m, b, cfg) for m, b in zip(models, batches)]
+        updates = [client_update(m, b, cfg, d, i) for i, (m, b, d) in enumerate(zip(models, batches, defenses))]
         observed = send_round(defenses, updates, rng)
         held = observer_model(attack, protocol.observer_model(model, models), cfg)
         seen.append(Observation(observed, knowledge, held))
@@ -151,9 +154,11 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
 
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
     scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights)
-    scores["grad_dist"] = relative_distance(updates[0].flat(), observed.flat())
+    # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
+    plain = updates[0] if type(protocol).client_gradient is Defense.client_gradient else client_update(models[0], victim, cfg)
+    scores["grad_dist"] = relative_distance(plain.flat(), observed.flat())
     share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
-    extra = rec.extra if share is None else {"share_psnr40": share, **rec.extra}
+    extra = {**model_info, **rec.extra} if share is None else {"share_psnr40": share, **model_info, **rec.extra}
     scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
     scores["_images"] = (victim.images(), rec_images)
     return scores

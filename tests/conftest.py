@@ -13,8 +13,71 @@ def gleak_cmd():
     return [sys.executable, "-m", "gleak"]
 
 
-@pytest.fixture
-def run_env():
+def _env() -> dict[str, str]:
+    """The environment of a CLI subprocess: this checkout's gleak first on the path."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+@pytest.fixture
+def run_env():
+    return _env()
+
+
+# A small suite with a [utility] table (skimage at 16x16, a 32-unit MLP): shared by the utility and report tests.
+UTILITY_SUITE = """
+[suite]
+name = "rep"
+seeds = [0]
+[case]
+dataset = "skimage"
+model = "mlp"
+model_params = { hidden = [32] }
+resolution = 16
+batch_size = 2
+[[attack]]
+name = "closed-form"
+[[attack]]
+name = "idlg"
+[[defense]]
+name = "none"
+[[defense]]
+name = "noise"
+sigma = [0.001, 0.1]
+[[defense]]
+name = "topk"
+ratio = [0.5, 0.99]
+[[defense]]
+name = "noise"
+mode = "dp"
+noise_multiplier = 1.0
+[utility]
+dataset = "skimage"
+model = "mlp"
+model_params = { hidden = [32] }
+resolution = 16
+clients = 2
+rounds = 4
+batch_size = 8
+"""
+
+
+@pytest.fixture(scope="session")
+def utility_suite():
+    return UTILITY_SUITE
+
+
+@pytest.fixture(scope="session")
+def utility_run(tmp_path_factory):
+    """UTILITY_SUITE run once by the CLI: (suite file, output folder, the run's stderr, env). Tests that change the
+    folder work on a copy."""
+    import subprocess
+
+    env = _env()
+    d = tmp_path_factory.mktemp("utility_run")
+    (d / "rep.toml").write_text(UTILITY_SUITE)
+    r = subprocess.run([sys.executable, "-m", "gleak", "run", str(d / "rep.toml"), "--out", str(d / "out"), "--no-progress"],
+                       env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return d / "rep.toml", d / "out", r.stderr, env

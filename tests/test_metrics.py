@@ -78,6 +78,37 @@ def test_lpips_loads_a_backbone_file(monkeypatch, tmp_path):
     assert torch.equal(model.net.slice1[0].weight, ref.features[0].weight)  # the file's weights, not a random init
 
 
+def test_lpips_from_the_torch_hub_cache_is_the_lpips_packages_own(monkeypatch, tmp_path):
+    """With the backbone in torchvision's cache, gleak's LPIPS equals what the lpips package computes when it loads
+    that backbone itself (lpips.LPIPS(net='alex', version='0.1') with pretrained trunk). The state dict is built
+    here (random weights: a check of the loading and scoring path, not a perceptual score)."""
+    import warnings
+
+    import lpips as lpips_pkg
+    import torchvision
+
+    torch.manual_seed(1)
+    ckpt = tmp_path / "hub" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    torch.save(torchvision.models.alexnet().state_dict(), ckpt / "alexnet-owt-7be5be79.pth")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.delenv(metrics.LPIPS_ENV, raising=False)
+    assert metrics.lpips_available() and metrics.alexnet_weights_path() == ckpt / "alexnet-owt-7be5be79.pth"
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(3, 3, 32, 32, generator=g), torch.rand(3, 3, 32, 32, generator=g)
+    ours = metrics.lpips(a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchvision's deprecation notes about lpips' `pretrained=True`
+        ref_model = lpips_pkg.LPIPS(net="alex", version="0.1", pnet_rand=False, verbose=False).eval()
+    with torch.no_grad():
+        ref = ref_model(a * 2 - 1, b * 2 - 1).flatten().double()
+    assert torch.allclose(ours, ref, rtol=1e-5, atol=1e-7)
+    grey = metrics.lpips(a[:, :1], b[:, :1])  # grey images are scored as three equal channels
+    with torch.no_grad():
+        ref_grey = ref_model(a[:, :1].expand(-1, 3, -1, -1) * 2 - 1, b[:, :1].expand(-1, 3, -1, -1) * 2 - 1).flatten()
+    assert torch.allclose(grey, ref_grey.double(), rtol=1e-5, atol=1e-7)
+
+
 def test_exact_share_keeps_exact_pairs_the_mse_pairing_would_trade_away():
     from gleak.metrics import exact_share, match
 

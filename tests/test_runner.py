@@ -129,6 +129,29 @@ def test_same_metrics_when_run_twice_and_with_1_or_2_workers(tmp_path, scale_sui
     assert len(list((tmp_path / "two" / "images").glob("*.png"))) == N_SCALE // 2  # idlg reconstructs labels only
 
 
+def test_trials_stored_under_an_older_id_rule_are_rekeyed_not_recomputed(tmp_path, scale_suite, reference):
+    """A change of the id rule that changes no computation (a later CaseConfig field at its default) must not make a
+    rerun recompute the stored trials: the run re-derives each stored trial's id from its stored config."""
+    suite, out = load_suite(scale_suite), tmp_path / "old"
+    run_suite(suite, out, workers=1, progress=False)
+    db = sqlite3.connect(out / "results.sqlite")
+    with db:  # what an older rule's ids look like: other hashes of the same configs, images named after them
+        for (tid, image) in db.execute("SELECT trial_id, image FROM trials").fetchall():
+            old = hashlib.sha256(tid.encode()).hexdigest()[:16]
+            if image:
+                (out / "images" / image).rename(out / "images" / f"{old}.png")
+            db.execute("UPDATE trials SET trial_id = ?, image = ? WHERE trial_id = ?", (old, f"{old}.png" if image else None, tid))
+    db.close()
+    summary = run_suite(suite, out, workers=1, progress=False)
+    assert summary.ran == 0
+    assert metrics(out) == reference
+    db = sqlite3.connect(out / "results.sqlite")
+    named = sorted(r[0] for r in db.execute("SELECT trial_id FROM trials WHERE image = trial_id || '.png'"))
+    db.close()
+    assert len(named) == N_SCALE // 2
+    assert sorted(p.stem for p in (out / "images").glob("*.png")) == named
+
+
 def test_ray_executor_on_a_local_cluster_gives_the_same_results(tmp_path, scale_suite, reference, gleak_cmd, run_env):
     """The scale suite through Ray matches the reference trial by trial; in the same run, a trial whose worker dies
     once is retried and stored, one whose worker dies twice is stored as failed."""

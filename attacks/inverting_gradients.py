@@ -1,0 +1,211 @@
+"""Inverting Gradients (Geiping, Bauermeister, Droege, Moeller, NeurIPS 2020, arXiv:2003.14053; code
+JonasGeiping/invertinggradients).
+
+The attacker optimises the image x' (labels fixed beforehand) to align the direction of its parameter gradient with
+the observed one, with a total-variation prior:
+
+    min_{x' in box}  1 - <grad(x'), g> / (||grad(x')|| ||g||)  +  alpha_TV * TV(x')
+
+over the concatenated gradient of all parameters. Adam at lr 0.1 on the *sign* of d/dx', the learning rate x0.1 at
+3/8, 5/8 and 7/8 of the iterations, x' clamped to the valid pixel range after every step, init N(0, 1). Several
+restarts; the one with the lowest final gradient distance wins.
+"""
+from __future__ import annotations
+
+from typing import Callable, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gleak.attacks._gradmatch import (
+    FIXED_LABELS,
+    attack_model,
+    cosine_distance,
+    fixed_labels,
+    observed_gradient,
+    param_gradients,
+    train_mode_batchnorm,
+)
+from gleak.errors import UnsupportedCase
+from gleak.plugin import Attack
+from gleak.registry import register_attack
+from gleak.threat import Observation, Reconstruction
+
+# (iterations, alpha_TV). "breaching": its TV scale 0.2 is applied to the mean of the two directional terms, which
+# is 0.1 on the sum used here (breaching's config says so), over 24,000 iterations.
+PRESETS = {"paper": (24_000, 1e-4), "code": (4_800, 1e-1), "breaching": (24_000, 1e-1)}
+IGLabels = Literal["idlg", "bias-sign", "row-sign", "count-aware", "given"]
+# Batch restarts with torch.func.vmap only for models below this size: measured by benchmarks/attack_speed.py, vmap
+# is faster for LeNet-sized models and slower for ResNets on the CPU (its batched conv weight-gradient is costly).
+VMAP_MAX_PARAMS = 1_000_000
+
+
+def total_variation(x: Tensor) -> Tensor:
+    """Anisotropic TV as in the released code: mean |horizontal difference| + mean |vertical difference|."""
+    return (x[..., :, 1:] - x[..., :, :-1]).abs().mean() + (x[..., 1:, :] - x[..., :-1, :]).abs().mean()
+
+
+def milestones(iterations: int) -> tuple[int, int, int]:
+    """Iterations from which the learning rate is x0.1, x0.01, x0.001: 3/8, 5/8 and 7/8 of the run."""
+    return (iterations * 3 // 8, iterations * 5 // 8, iterations * 7 // 8)
+
+
+@register_attack("inverting-gradients")
+class InvertingGradients(Attack):
+    """Inverting Gradients (Geiping et al., NeurIPS 2020): cosine gradient distance + TV, signed Adam, boxed, restarts.
+
+    Parameters
+    ----------
+    preset: where the defaults of `iterations` and `tv` come from. "paper" (default): 24,000 iterations, TV 1e-4
+        (the paper and its command line); "code": 4,800 iterations, TV 1e-1 (the released code's default config);
+        "breaching": 24,000 iterations, TV 0.2 on breaching's mean-of-directions TV, i.e. 0.1 here.
+    iterations, tv: override the preset (tv is alpha_TV; 0 turns the prior off).
+    lr: Adam's step size (0.1). restarts: independent runs from N(0, 1) inits; the lowest final cosine distance wins
+        (the code's "loss" scoring, without the TV term).
+    labels: how the labels are fixed before the image is optimised: "idlg" (default; exact at batch size 1),
+        "bias-sign", "row-sign", "count-aware" (attacks/idlg.py's batch strategies) or "given" (the attacker is told
+        the true labels, the paper's batch setting; adds "labels" to `needs`).
+    signed, boxed, lr_decay: the paper's three optimiser choices, each on by default.
+    batch_restarts: "auto" (default) runs the restarts as one torch.func.vmap computation when the model has fewer
+        than 1M parameters and no BatchNorm in train mode, else one after another; "vmap" / "loop" force it.
+        Both compute the same mathematics (Adam is element-wise), to floating-point rounding.
+
+    Known deviations: FedSGD gradients are matched as sent; a FedAvg delta (kind "delta") is matched as a gradient
+    (delta / (lr * local_steps), exact for one local step; the paper's section 6 unrolls several steps, not done
+    here). The gradient is taken with the observer's model in whatever mode it was sent (eval mode in
+    suites/geiping-table1.toml, as the released code). Cross entropy with hard labels, mean over the batch.
+    extra: grad_loss (final cosine distance of the chosen restart), restart (its index), iterations.
+    """
+
+    needs = frozenset({"architecture", "parameters", "batch_size", "data_stats"})
+    conformance_params = {"iterations": 4, "restarts": 2}
+
+    def __init__(
+        self,
+        preset: Literal["paper", "code", "breaching"] = "paper",
+        iterations: int | None = None,
+        tv: float | None = None,
+        lr: float = 0.1,
+        restarts: int = 1,
+        labels: IGLabels = "idlg",
+        signed: bool = True,
+        boxed: bool = True,
+        lr_decay: bool = True,
+        batch_restarts: Literal["auto", "vmap", "loop"] = "auto",
+    ):
+        if preset not in PRESETS:
+            raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
+        if iterations is not None and iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {iterations}")
+        if tv is not None and tv < 0:
+            raise ValueError(f"tv must be >= 0, got {tv}")
+        if lr <= 0 or restarts < 1:
+            raise ValueError("lr must be > 0 and restarts >= 1")
+        if labels not in FIXED_LABELS:
+            raise ValueError(f"labels must be one of {FIXED_LABELS}, got {labels!r}")
+        if batch_restarts not in ("auto", "vmap", "loop"):
+            raise ValueError(f"batch_restarts must be 'auto', 'vmap' or 'loop', got {batch_restarts!r}")
+        self.preset, self.iterations, self.tv, self.lr, self.restarts = preset, iterations, tv, lr, restarts
+        self.labels, self.signed, self.boxed, self.lr_decay = labels, signed, boxed, lr_decay
+        self.batch_restarts = batch_restarts
+        if labels == "given":
+            self.needs = self.needs | {"labels"}
+
+    @property
+    def n_iterations(self) -> int:
+        return self.iterations if self.iterations is not None else PRESETS[self.preset][0]
+
+    @property
+    def tv_weight(self) -> float:
+        return self.tv if self.tv is not None else PRESETS[self.preset][1]
+
+    def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
+        x_all, losses, y, extra = self.reconstruct_all(observation, rng)
+        best = int(torch.argmin(losses))
+        extra.update(grad_loss=float(losses[best]), restart=best, iterations=self.n_iterations)
+        return Reconstruction(x=x_all[best], y=y, extra=extra)
+
+    def reconstruct_all(self, observation: Observation, rng: torch.Generator) -> tuple[Tensor, Tensor, Tensor, dict]:
+        """Every restart's final images (R, B, C, H, W), their final cosine distances (R,), the labels used, extra."""
+        model, names, params = attack_model(observation)
+        k = observation.knowledge
+        if k.batch_size is None or k.mean is None or k.std is None:
+            raise UnsupportedCase("inverting-gradients needs the batch size and the data mean/std")
+        dtype = params[0].dtype
+        gradient, extra = observed_gradient(observation.update, names, dtype)
+        target = list(gradient)
+        target_norm = torch.stack([t.pow(2).sum() for t in target]).sum().sqrt()
+        y = fixed_labels(self.labels, gradient, model, k, k.batch_size, rng)
+        x = torch.randn((self.restarts, k.batch_size, *k.input_shape), generator=rng, dtype=dtype)
+        lo = ((0 - k.mean) / k.std).to(dtype).view(-1, 1, 1)
+        hi = ((1 - k.mean) / k.std).to(dtype).view(-1, 1, 1)
+
+        grad_fn = self._gradient_function(model, names, params, y, target, target_norm)
+        x.requires_grad_(True)
+        opt = torch.optim.Adam([x], lr=self.lr)
+        marks = milestones(self.n_iterations) if self.lr_decay else ()
+        for i in range(self.n_iterations):
+            if i in marks:  # x0.1 per milestone passed (coinciding milestones of very short runs all count)
+                for group in opt.param_groups:
+                    group["lr"] = self.lr * 0.1 ** sum(i >= m for m in marks)
+            g, _ = grad_fn(x.detach())
+            x.grad = g.sign_() if self.signed else g
+            opt.step()
+            if self.boxed:
+                with torch.no_grad():
+                    x.clamp_(lo, hi)
+        x = x.detach()
+        losses = torch.stack([self._final_loss(model, params, xr, y, target, target_norm) for xr in x])
+        return x, losses, y, extra
+
+    def _use_vmap(self, model: nn.Module, params: list[nn.Parameter]) -> bool:
+        if self.batch_restarts == "loop":
+            return False
+        if train_mode_batchnorm(model):
+            if self.batch_restarts == "vmap":
+                raise UnsupportedCase("batch_restarts = 'vmap' cannot run a model with BatchNorm in train mode")
+            return False
+        if self.batch_restarts == "vmap":
+            return True
+        return self.restarts > 1 and sum(p.numel() for p in params) < VMAP_MAX_PARAMS
+
+    def _gradient_function(
+        self, model: nn.Module, names: list[str], params: list[nn.Parameter], y: Tensor, target: list[Tensor], target_norm: Tensor
+    ) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
+        """x (R, B, C, H, W) -> (d objective / dx for every restart, the cosine distances (R,))."""
+        tv = self.tv_weight
+
+        if self._use_vmap(model, params):
+            from torch.func import functional_call, grad, vmap
+
+            weights = {n: p.detach() for n, p in zip(names, params)}
+            buffers = dict(model.named_buffers())
+
+            def objective(xr: Tensor) -> tuple[Tensor, Tensor]:
+                def loss_of(w):
+                    return F.cross_entropy(functional_call(model, (w, buffers), (xr,)), y)
+
+                g = grad(loss_of)(weights)
+                rec = cosine_distance([g[n] for n in names], target, target_norm)
+                return (rec + tv * total_variation(xr) if tv > 0 else rec), rec
+
+            batched = vmap(grad(objective, has_aux=True))
+            return batched
+
+        def one_by_one(x: Tensor) -> tuple[Tensor, Tensor]:
+            out, losses = torch.empty_like(x), x.new_empty(x.shape[0])
+            for r in range(x.shape[0]):
+                xr = x[r].detach().requires_grad_(True)
+                rec = cosine_distance(param_gradients(model, params, xr, F.cross_entropy, y), target, target_norm)
+                obj = rec + tv * total_variation(xr) if tv > 0 else rec
+                (out[r],) = torch.autograd.grad(obj, xr)
+                losses[r] = rec.detach()
+            return out, losses
+
+        return one_by_one
+
+    @staticmethod
+    def _final_loss(model: nn.Module, params: list[nn.Parameter], x: Tensor, y: Tensor, target: list[Tensor], norm: Tensor) -> Tensor:
+        grads = torch.autograd.grad(F.cross_entropy(model(x), y), params)
+        return cosine_distance(grads, target, norm).detach()

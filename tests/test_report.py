@@ -1,0 +1,141 @@
+"""Leaderboard files (Markdown, CSV, LaTeX, HTML) with utility beside privacy, the figures, and `gleak plot`."""
+import base64
+import csv
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gleak.figures import pareto_front
+
+@pytest.fixture(scope="module")
+def out(utility_run):
+    _, folder, _, env = utility_run
+    return folder, env
+
+
+def _png(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def test_pareto_front_marks_the_undominated_points():
+    pts = [(90.0, 60.0), (85.0, 20.0), (80.0, 25.0), (70.0, 8.0), (85.0, 20.0), (60.0, 30.0)]
+    # (80, 25) is beaten by (85, 20); (60, 30) by everything; equal points do not dominate each other
+    assert pareto_front(pts) == [0, 1, 3, 4]
+
+
+def test_every_format_carries_accuracy_and_epsilon(out):
+    folder, _ = out
+    rows = list(csv.DictReader((folder / "leaderboard.csv").open()))
+    assert {"accuracy", "baseline_accuracy", "epsilon"} <= set(rows[0])
+    dp = [r for r in rows if '"mode": "dp"' in r["defense_params"]]
+    assert len(dp) == 1 and float(dp[0]["epsilon"]) > 0
+    assert all(r["epsilon"] == "" for r in rows if r not in dp)
+    tex = (folder / "leaderboard.tex").read_text()
+    assert "accuracy" in tex and "epsilon" in tex
+    md = (folder / "leaderboard.md").read_text()
+    assert "## Utility" in md and "## Each attack's best result against each defense" in md
+    assert md.count("LPIPS is unavailable") == 1  # said once, as a footnote
+    assert "figures/frontier.png" in md
+
+
+def test_figures_are_written_by_run_and_by_plot(out, capsys):
+    folder, env = out
+    names = sorted(p.name for p in (folder / "figures").glob("*.png"))
+    assert names == ["frontier.png", "reconstructions_skimage_mlp_2.png", "strength_noise_sigma.png",
+                     "strength_topk_ratio.png", "utility_curves.png"], names  # fmt: skip
+    for n in names:
+        img = _png(folder / "figures" / n)
+        assert img.shape[0] > 200 and img.shape[1] > 300 and img.std() > 10, n  # drawn, not blank
+    grid = _png(folder / "figures" / "reconstructions_skimage_mlp_2.png")
+    shutil.rmtree(folder / "figures")
+    r = subprocess.run([sys.executable, "-m", "gleak", "plot", str(folder)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (folder / "figures").glob("*.png")) == names
+    assert np.array_equal(_png(folder / "figures" / "reconstructions_skimage_mlp_2.png"), grid)
+    from gleak.cli import main
+
+    assert main(["plot", str(folder / "nope")]) == 2 and "no results here" in capsys.readouterr().err
+
+
+class _Dom(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.srcs, self.hrefs, self.th, self.rows, self._in_th = [], [], [], [], 0, False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append(tag)
+        if tag in ("img", "script", "iframe") and "src" in a:
+            self.srcs.append(a["src"])
+        if tag == "link" and "href" in a:
+            self.hrefs.append(a["href"])
+        self.rows += tag == "tr"
+        self._in_th = tag == "th"
+
+    def handle_endtag(self, tag):
+        self._in_th = False if tag == "th" else self._in_th
+
+    def handle_data(self, data):
+        if self._in_th:
+            self.th.append(data)
+
+
+def test_html_is_self_contained(out):
+    folder, _ = out
+    dom = _Dom()
+    dom.feed((folder / "leaderboard.html").read_text())
+    assert dom.srcs and all(s.startswith("data:image/png;base64,") for s in dom.srcs) and not dom.hrefs
+    for s in dom.srcs:  # every embedded figure decodes as a PNG
+        assert base64.b64decode(s.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {"accuracy", "epsilon", "worst attack"} <= set(dom.th)
+
+
+def _chromium() -> str | None:
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium not installed (apt-get install -y chromium)")
+def test_html_renders_in_headless_chromium(out, tmp_path):
+    """Chromium's own DOM after loading the page (the tables with their rows, the figures decoded), and a screenshot
+    that shows drawn content."""
+    folder, _ = out
+    page = (folder / "leaderboard.html").resolve().as_uri()
+    flags = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+             f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    dom = subprocess.run(flags + ["--virtual-time-budget=3000", "--dump-dom", page], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert html.count("<table") >= 5 and "<h2>Defenses, ranked by their worst case over attacks</h2>" in html
+    ranking = html.split("<h2>Defenses, ranked by their worst case over attacks</h2>", 1)[1].split("</table>", 1)[0]
+    assert len(re.findall(r"<tr>", ranking)) == 1 + 6  # header + six defense configurations
+    assert html.count('<img src="data:image/png;base64,') >= 4
+    shot = tmp_path / "shot.png"
+    r = subprocess.run(flags + ["--window-size=1280,1600", f"--screenshot={shot}", page], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
+    img = _png(shot)
+    assert img.shape[:2] == (1600, 1280)
+    dark = (img.mean(axis=2) < 100).mean()  # text and table rules
+    assert 0.002 < dark < 0.5 and len(np.unique(img.reshape(-1, 3), axis=0)) > 50, dark
+
+
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_a_named_lpips_backbone_that_is_missing_is_exit_2(tmp_path, run_env, how):
+    root = Path(__file__).resolve().parent.parent
+    env = dict(run_env)
+    args = [sys.executable, "-m", "gleak", "run", "quick", "--out", str(tmp_path / "o"), "--no-progress"]
+    if how == "env":
+        env["GLEAK_LPIPS_BACKBONE"] = str(tmp_path / "alexnet.pth")
+    else:
+        args += ["--lpips-backbone", str(tmp_path / "alexnet.pth")]
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "alexnet.pth" in lines[0] and "not" in lines[0], r.stderr
+    assert not (tmp_path / "o").exists()
