@@ -1,34 +1,27 @@
-"""Seed 000's accuracy tables (3, 7 and 8) rerun on Fashion-MNIST through the cgd and local-training defenses, printed
-beside the paper's MNIST numbers (a different data set: compare the shape, not the values).
+"""Seed 000's accuracy tables (3, 7 and 8) from the cgd suite's stored [utility] runs, printed beside the paper's
+MNIST numbers (a different data set: compare the shape, not the values). Nothing is retrained here.
 
-    python benchmarks/cgd_tables.py                     # every row of suites/cgd.toml's utility grid
-    python benchmarks/cgd_tables.py --only 10x1 100x1   # some partitions
-    python benchmarks/cgd_tables.py --json out.json     # also write the raw results
+    python -m gleak run suites/cgd.toml               # trains and stores the runs (results/cgd/)
+    python benchmarks/cgd_tables.py                   # prints the tables and writes results/cgd/paper_tables.md
+    python benchmarks/cgd_tables.py --out results/cgd --no-write
 
-Every number comes from the same code path as `gleak run suites/cgd.toml`'s [utility] rows (Defense.train_utility
-with the same UtilityConfig and defense parameters), so the two agree run for run. Accuracy is the worst evaluated
-confined model (as the paper reports); "centralized" is full-batch gradient descent on the same training samples
-with the same init law and schedule (the protocol with one participant).
+The rows are the cgd and local-training runs of the folder's utility table (gleak.utility.utility_frame, the same
+rows as utility.csv). Accuracy is the worst evaluated confined model (as the paper reports; the mean is in
+utility.csv's extra); "centralized" is each run's own baseline_accuracy: full-batch gradient descent on the same
+training samples with the same init law and schedule (the protocol with one participant).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import itertools
 import json
 import sys
-import time
-import tomllib
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gleak.config import UtilityConfig, generator  # noqa: E402
-from gleak.data import load_dataset  # noqa: E402
-from gleak.registry import create  # noqa: E402
+from gleak.store import Store  # noqa: E402
+from gleak.utility import utility_config, utility_frame  # noqa: E402
 
 # Seed 000 (MNIST, FC ReLU 256 + softmax): Table 3 (vertical, delta 0.1), Table 8 (horizontal, delta 0.1), Table 7.
 PAPER = {
@@ -46,55 +39,46 @@ PAPER = {
 }
 
 
-def suite_rows(path: Path) -> tuple[UtilityConfig, list[tuple[str, dict]]]:
-    """The [utility] table and the cgd / local-training defenses of the suite's grids, in suite order."""
-    doc = tomllib.loads(path.read_text())
-    known = {f.name for f in dataclasses.fields(UtilityConfig)}
-    cfg = UtilityConfig(**{k: v for k, v in doc["utility"].items() if k in known})
-    rows = []
-    for grid in doc.get("grid", [doc]):
-        for d in grid.get("defense", []):
-            if d["name"] in ("cgd", "local-training") and "partition" in d:  # the utility grid's rows
-                params = {k: v for k, v in d.items() if k != "name"}
-                axes = [k for k, v in params.items() if isinstance(v, list)]  # a list expands the grid
-                for combo in itertools.product(*(params[k] for k in axes)):
-                    rows.append((d["name"], {**params, **dict(zip(axes, combo))}))
-    return cfg, rows
-
-
 def delta_key(p: dict) -> str:
     return "random" if p.get("delta_high") is not None else str(p.get("delta", 0.1))
 
 
+def stored_runs(folder: Path) -> tuple[object, list[dict]]:
+    """The folder's utility config and its cgd / local-training runs that finished ok."""
+    store = Store.open_existing(folder)
+    try:
+        cfg, frame = utility_config(store), utility_frame(store)
+    finally:
+        store.close()
+    if frame is None:
+        raise SystemExit(f"{folder}: no [utility] runs stored; run `python -m gleak run suites/cgd.toml` first")
+    out = []
+    for _, r in frame.iterrows():
+        if r["defense"] not in ("cgd", "local-training") or r["status"] != "ok":
+            continue
+        params, extra = json.loads(r["defense_params"]), json.loads(r["extra"] or "{}")
+        if not params.get("confined", True):  # FedSGD + secure sum (the attack comparison): not a table row
+            continue
+        mode = "local" if r["defense"] == "local-training" else "cgd"
+        out.append({"mode": mode, "params": params, "accuracy": float(r["accuracy"]), **{k: v for k, v in extra.items() if k != "accuracy"}})
+    return cfg, out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--suite", default=str(ROOT / "suites" / "cgd.toml"))
-    ap.add_argument("--only", nargs="*", help="partitions to run (default: all)")
-    ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (the suite's utility runs use 1)")
+    ap.add_argument("--out", default=str(ROOT / "results" / "cgd"), help="the suite's output folder")
+    ap.add_argument("--no-write", action="store_true", help="print only (default: also write OUT/paper_tables.md)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    cfg, rows = suite_rows(Path(args.suite))
-    if args.only:
-        rows = [r for r in rows if r[1].get("partition", "10x1") in args.only]
-    train = load_dataset(cfg.dataset, "train", root=cfg.data_root)
-    test = load_dataset(cfg.dataset, "test", root=cfg.data_root)
-    print(f"[utility] {cfg.dataset}, model {cfg.model}, T = {cfg.rounds} iterations, alpha = {cfg.lr}; "
-          f"{len(rows)} runs", flush=True)  # fmt: skip
-    results = []
-    for name, params in rows:
-        t0 = time.perf_counter()
-        out = create("defense", name, **params).train_utility(cfg, train, test, generator(cfg.seed, "utility-protocol"))
-        mode = "local" if name == "local-training" else "cgd"
-        rec = {"defense": name, "mode": mode, "params": params, **out}
-        results.append(rec)
-        print(f"  {name:15s} {json.dumps(params, sort_keys=True):70s} acc {100 * out['accuracy']:6.2f}% "
-              f"(mean {100 * out['mean_accuracy']:6.2f}%)  centralized {100 * out['baseline_accuracy']:6.2f}%  "
-              f"{out['seconds_per_iteration']:.3f} s/it  {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
-    print()
-    print_tables(results)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    folder = Path(args.out)
+    cfg, results = stored_runs(folder)
+    lines = [f"[utility] {cfg.dataset}, model {cfg.model}, T = {cfg.rounds} full-batch iterations, alpha = {cfg.lr}; "
+             f"{len(results)} stored cgd / local-training runs (gleak run suites/cgd.toml).", ""]  # fmt: skip
+    lines += tables(results)
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        (folder / "paper_tables.md").write_text(f"# Seed 000's Tables 3, 7, 8 on Fashion-MNIST\n\n"
+                                                f"Written by `python benchmarks/cgd_tables.py` from this folder's stored runs.\n\n{text}\n")  # fmt: skip
     return 0
 
 
@@ -102,43 +86,51 @@ def _cell(v: float | None) -> str:
     return "" if v is None else f"{v:.2f}%"
 
 
-def print_tables(results: list[dict]) -> None:
-    def find(part: str, mode: str, dk: str):
-        for r in results:
-            if r["mode"] == mode and r["params"].get("partition", "10x1") == part and delta_key(r["params"]) == dk:
-                return r
-        return None
+def _part(r: dict) -> str:
+    return r["params"].get("partition", "10x1")
 
-    central = {}
-    for r in results:
-        central.setdefault(delta_key(r["params"]), 100 * r["baseline_accuracy"])
-    note = "Fashion-MNIST (here) vs MNIST (paper): different data sets, compare the shape."
-    for title, parts in (("Table 3 (vertical, delta 0.1)", ["10x7", "100x49"]), ("Table 8 (horizontal, delta 0.1)", ["10x1", "100x1", "1000x1"])):
-        print(f"{title}. {note}")
-        print(f"| m | CGD | local | CGD - centralized | paper CGD | paper local |")
-        print("| --- | --- | --- | --- | --- | --- |")
-        print(f"| centralized | {_cell(central.get('0.1'))} | | | {_cell(PAPER['centralized']['0.1'])} | |")
+
+def tables(results: list[dict]) -> list[str]:
+    """Markdown tables: each CGD row beside its own centralized run (same samples, delta and schedule)."""
+
+    def find(part: str, mode: str, dk: str) -> dict | None:
+        return next((r for r in results if r["mode"] == mode and _part(r) == part and delta_key(r["params"]) == dk), None)
+
+    def pct(r: dict | None, key: str = "accuracy") -> float | None:
+        return None if r is None or r.get(key) is None else 100 * float(r[key])
+
+    note = "Fashion-MNIST (here) vs MNIST (paper): different data sets, compare the shape, not the values."
+    out = []
+    for title, parts in (("Table 3 (vertical, Algorithm 2, delta 0.1)", ["10x7", "100x49"]),
+                         ("Table 8 (horizontal, Algorithm 1, delta 0.1)", ["10x1", "100x1", "1000x1"])):  # fmt: skip
+        out += [f"{title}. {note}", "",
+                "| m | samples | CGD (worst) | CGD (mean) | local (worst) | centralized | CGD - centralized | paper CGD | paper local | paper centralized |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for p in parts:
             c, loc = find(p, "cgd", "0.1"), find(p, "local", "0.1")
-            cv = 100 * c["accuracy"] if c else None
-            lv = 100 * loc["accuracy"] if loc else None
-            gap = f"{cv - central['0.1']:+.2f}" if cv is not None and "0.1" in central else ""
+            cv, base = pct(c), pct(c, "baseline_accuracy")
+            gap = f"{cv - base:+.2f}" if cv is not None and base is not None else ""
             pc, pl = PAPER.get((p, "cgd"), {}).get("0.1"), PAPER.get((p, "local"), {}).get("0.1")
-            print(f"| ({p}) | {_cell(cv)} | {_cell(lv)} | {gap} | {_cell(pc)} | {_cell(pl)} |")
-        print()
-    parts = sorted({r["params"].get("partition", "10x1") for r in results if r["mode"] == "cgd"},
-                   key=lambda s: (int(s.split("x")[1]), int(s.split("x")[0])))  # fmt: skip
+            n = (c or loc or {}).get("train_samples", "")
+            out.append(f"| ({p}) | {n} | {_cell(cv)} | {_cell(pct(c, 'mean_accuracy'))} | {_cell(pct(loc))} | "
+                       f"{_cell(base)} | {gap} | {_cell(pc)} | {_cell(pl)} | {_cell(PAPER['centralized']['0.1'])} |")  # fmt: skip
+        out.append("")
+    parts = sorted({_part(r) for r in results if r["mode"] == "cgd"}, key=lambda s: (int(s.split("x")[1]), int(s.split("x")[0])))
     dks = ["0.1", "0.01", "random"]
-    print(f"Table 7 (worst confined model's accuracy by delta; random: each participant's delta ~ U[0.001, 0.1]). {note}")
-    print("| m | " + " | ".join(f"delta {d}" for d in dks) + " | " + " | ".join(f"paper {d}" for d in dks) + " |")
-    print("| --- " * (1 + 2 * len(dks)) + "|")
-    print("| centralized | " + " | ".join(_cell(central.get(d)) for d in dks) + " | "
-          + " | ".join(_cell(PAPER["centralized"].get(d)) for d in dks) + " |")  # fmt: skip
+    out += [f"Table 7 (worst confined model's accuracy by delta, gap to its centralized run in points; random: each "
+            f"participant's delta ~ U[0.001, 0.1]). {note}", "",
+            "| m | " + " | ".join(f"delta {d}" for d in dks) + " | " + " | ".join(f"paper {d}" for d in dks) + " |",
+            "| --- " * (1 + 2 * len(dks)) + "|"]  # fmt: skip
+    out.append("| paper centralized | " + " | " * (len(dks) - 1) + " | " + " | ".join(_cell(PAPER["centralized"].get(d)) for d in dks) + " |")
     for p in parts:
-        vals = [find(p, "cgd", d) for d in dks]
+        cells = []
+        for d in dks:
+            r = find(p, "cgd", d)
+            v, b = pct(r), pct(r, "baseline_accuracy")
+            cells.append("" if v is None else f"{v:.2f}% ({v - b:+.2f})" if b is not None else f"{v:.2f}%")
         paper = PAPER.get((p, "cgd"), {})
-        print(f"| ({p}) | " + " | ".join(_cell(100 * v["accuracy"]) if v else "" for v in vals) + " | "
-              + " | ".join(_cell(paper.get(d)) for d in dks) + " |")  # fmt: skip
+        out.append(f"| ({p}) | " + " | ".join(cells) + " | " + " | ".join(_cell(paper.get(d)) for d in dks) + " |")
+    return out
 
 
 if __name__ == "__main__":

@@ -71,9 +71,10 @@ def _subsets_uniform_p(shares: torch.Tensor) -> float:
     return min(ps)
 
 
-def test_any_m_minus_1_shares_are_uniform():
+@pytest.mark.parametrize("m", [2, 3, 4])
+def test_any_m_minus_1_shares_are_uniform(m):
     for secret in (0, 123456789, MODULUS - 1):
-        assert _subsets_uniform_p(_shares_of(secret, 4, 20000, secret % 97)) > 1e-4
+        assert _subsets_uniform_p(_shares_of(secret, m, 20000, secret % 97 + m)) > 1e-4
 
 
 def test_the_uniformity_test_catches_a_biased_sharing():
