@@ -170,6 +170,7 @@ def test_closed_form_recovers_through_cgd_at_batch_size_one():
 
 
 def test_subspace_demix_recovers_every_sample_of_the_honest_sum():
+    # 512 restarts (the default is 4096) recover seeds 0-2 here too; seed 1 is the quickest of them (< 1 s CPU).
     for dp in ({}, {"confined": False}, {"iterations": 2}):
-        row = _trial("subspace-demix", dp, 3)
+        row = _trial("subspace-demix", dp, 3, seed=1, ap={"restarts": 512})
         assert row["status"] == "ok" and row["mse"] < 1e-6, (dp, row.get("error"), row.get("mse"))
