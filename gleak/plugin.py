@@ -76,6 +76,9 @@ class Defense(Plugin):
     client_gradient: how the client computes each gradient inside its own computation (the FedSGD update, and every
         local step of FedAvg), before `transform`. The default is the plain gradient of the mean loss; DP-SGD
         overrides it to clip per example and add noise.
+    Protocols in which clients do not share one model (CGD's confined models) or that run several observed rounds
+    also override `client_models`, `observed_rounds`, `next_models` and `observer_model`; the defaults give the usual flow:
+    one round, every client at the shared model, the observer holding that model.
     """
 
     stateful: ClassVar[bool] = False
@@ -88,6 +91,23 @@ class Defense(Plugin):
 
     def observe(self, updates: list[Update], rng: torch.Generator) -> Update:
         return updates[0]
+
+    def client_models(self, model: nn.Module, clients: int, rng: torch.Generator) -> list[nn.Module]:
+        """The model each client computes its update at (the victim first). Default: the shared model for all."""
+        return [model] * clients
+
+    def observed_rounds(self) -> int:
+        """How many rounds the observer sees (the last one is attacked, the earlier ones reach the attack as
+        `Observation.rounds`). Default 1."""
+        return 1
+
+    def next_models(self, models: list[nn.Module], rng: torch.Generator) -> list[nn.Module]:
+        """The clients' models for the next observed round, called after `observe`. Default: unchanged."""
+        return models
+
+    def observer_model(self, model: nn.Module, client_models: list[nn.Module]) -> nn.Module:
+        """The model the observer holds (its best knowledge of the parameters). Default: the shared model."""
+        return model
 
     def client_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator) -> dict[str, torch.Tensor]:
         """The client's gradient of its loss on (x, y) at the model's parameters, one tensor per trainable parameter

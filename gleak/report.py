@@ -287,6 +287,15 @@ def leaderboard_document(
         doc.append(("p", "A defense is only as strong as the best attack against it. Accuracy and epsilon: see "
                          "'Utility' below."))  # fmt: skip
     doc.append(("table", h, rows))
+    broken = []  # said in words, not only in a column: a defense an attack gets through does not protect that case
+    for name, g in dr[dr["defense"] != "none"].groupby("defense", sort=False):
+        hit = g[g["verdict"] == "recovered"] if "verdict" in g else g.iloc[:0]
+        if len(hit):
+            by = ", ".join(sorted(set(hit["worst_attack"])))
+            broken.append(f"{name} in {len(hit)} of its {len(g)} configurations (by {by})")
+    if broken:
+        doc.append(("p", "Broken: an attack recovers the victim's data (median MSE in the recovered band) through "
+                         + "; ".join(broken) + "."))  # fmt: skip
 
     if show_util:
         doc.append(("h2", "Utility: accuracy under each defense, next to its worst-case leakage"))

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -134,9 +135,19 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     model, history = warm_up(model, defenses, ds, cfg, attack, knowledge)
     model = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
 
-    updates = [client_update(model, b, cfg, d, i) for i, (b, d) in enumerate(zip(batches, defenses))]
-    observed = send_round(defenses, updates, generator(cfg.seed, "defense"))
-    observation = Observation(observed, knowledge, observer_model(attack, model, cfg), rounds=history)
+    # The protocol decides where each client computes (CGD: its own confined model) and how many rounds are seen.
+    protocol = defenses[0]
+    rng = generator(cfg.seed, "defense")
+    models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
+    seen: list[Observation] = []
+    for r in range(protocol.observed_rounds()):
+        if r:
+            models = protocol.next_models(models, rng)
+        updates = [client_update(m, b, cfg, d, i) for i, (m, b, d) in enumerate(zip(models, batches, defenses))]
+        observed = send_round(defenses, updates, rng)
+        held = observer_model(attack, protocol.observer_model(model, models), cfg)
+        seen.append(Observation(observed, knowledge, held))
+    observation = dataclasses.replace(seen[-1], rounds=(*history, *seen[:-1]))
     rec = attack.reconstruct(observation, generator(cfg.seed, "attack"))
     if rec.x is not None and not torch.isfinite(rec.x).all():  # say so, rather than fail later in the matching
         raise FloatingPointError("the reconstruction has NaN or infinite pixels")
@@ -144,7 +155,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
     scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights)
     # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
-    plain = updates[0] if type(defenses[0]).client_gradient is Defense.client_gradient else client_update(model, victim, cfg)
+    plain = updates[0] if type(protocol).client_gradient is Defense.client_gradient else client_update(models[0], victim, cfg)
     scores["grad_dist"] = relative_distance(plain.flat(), observed.flat())
     share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
     extra = {**model_info, **rec.extra} if share is None else {"share_psnr40": share, **model_info, **rec.extra}

@@ -44,6 +44,10 @@ def test_every_format_carries_accuracy_and_epsilon(out):
     assert "## Utility" in md and "## Each attack's best result against each defense" in md
     assert md.count("LPIPS is unavailable") == 1  # said once, as a footnote
     assert "figures/frontier.png" in md
+    # A defense that an attack gets through is named in words, not only in the verdict column.
+    broken = {r["defense"] for r in rows if r["verdict"] == "recovered" and r["defense"] != "none"}
+    assert ("Broken: an attack recovers" in md) == bool(broken)
+    assert all(f"{d} in " in md.split("Broken: ")[1].split("\n")[0] for d in broken)
 
 
 def test_figures_are_written_by_run_and_by_plot(out, capsys):
