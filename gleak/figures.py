@@ -318,14 +318,25 @@ def frontier_figure(points, path: Path, title: str, baseline_accuracy: float | N
     """The privacy-utility frontier: worst-case attack PSNR (lower is more private) against test accuracy, one point
     per defense configuration, the Pareto front marked. `points`: DataFrame with label, accuracy, psnr. Points are
     numbered (coinciding points share one label) and the key beside the plot names each configuration."""
+    import textwrap
+
     pts = points[points["accuracy"].notna() & points["psnr"].notna()].reset_index(drop=True)
     labels = list(pts["label"])
-    fig = _figure(12.0, max(5.6, 1.6 + 0.16 * len(pts)))
-    ax, key_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2.3, 1.0]})
     acc = [100 * float(a) for a in pts["accuracy"]]
     raw = [float(p) for p in pts["psnr"]]
     ys, clipped = _clip(raw, "psnr")
     front = pareto_front(list(zip(acc, raw)))
+    lines = []
+    for i, label in enumerate(labels):
+        mark = "*" if i in front else " "
+        wrapped = textwrap.wrap(label, 56, break_on_hyphens=False) or [""]
+        lines.append(f"{i + 1:>2}{mark} {wrapped[0]}")
+        lines += [f"    {w}" for w in wrapped[1:]]
+    # The plot keeps its own height; a long key (many configurations) makes the figure taller, not the plot flatter.
+    plot_h, key_h = 4.6, 0.9 + 0.14 * (len(lines) + 1)  # 6.8 pt monospace lines, as drawn
+    fig = _figure(12.0, max(plot_h + 1.0, key_h))
+    grid = fig.add_gridspec(2, 2, width_ratios=[2.0, 1.0], height_ratios=[plot_h, max(key_h - plot_h - 1.0, 0.01)])
+    ax, key_ax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[:, 1])
     plain = [i for i in range(len(pts)) if not clipped[i]]
     high = [i for i in range(len(pts)) if clipped[i]]
     ax.scatter([acc[i] for i in plain], [ys[i] for i in plain], s=28, color="#888888", zorder=2, label="defense configuration")
@@ -355,14 +366,6 @@ def frontier_figure(points, path: Path, title: str, baseline_accuracy: float | N
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7.5, loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False, ncol=2)
     key_ax.axis("off")
-    import textwrap
-
-    lines = []
-    for i, label in enumerate(labels):
-        mark = "*" if i in front else " "
-        wrapped = textwrap.wrap(label, 44, break_on_hyphens=False) or [""]
-        lines.append(f"{i + 1:>2}{mark} {wrapped[0]}")
-        lines += [f"    {w}" for w in wrapped[1:]]
     key_ax.text(0.0, 1.0, "key (* on the Pareto front)\n" + "\n".join(lines), va="top", ha="left", family="monospace",
                 fontsize=6.8, transform=key_ax.transAxes)  # fmt: skip
     fig.suptitle(title, fontsize=10)
