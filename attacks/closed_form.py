@@ -17,7 +17,7 @@ import torch
 
 from gleak.errors import UnsupportedCase
 from gleak.models import first_linear
-from gleak.plugin import Attack
+from gleak.plugin import Attack, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Observation, Reconstruction
 
@@ -44,8 +44,7 @@ class ClosedForm(Attack):
     needs = frozenset({"architecture", "batch_size"})
 
     def __init__(self, rows: Literal["auto", "largest", "per-class", "agreement"] = "auto", tol: float = 1e-3):
-        if rows not in ("auto", "largest", "per-class", "agreement"):
-            raise ValueError(f"rows must be 'auto', 'largest', 'per-class' or 'agreement', got {rows!r}")
+        check_choice("rows", rows, ("auto", "largest", "per-class", "agreement"))
         if not tol > 0:
             raise ValueError(f"tol must be > 0, got {tol}")
         self.rows, self.tol = rows, tol

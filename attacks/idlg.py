@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from gleak.errors import UnsupportedCase
 from gleak.models import last_linear
-from gleak.plugin import Attack
+from gleak.plugin import Attack, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Knowledge, Observation, Reconstruction, Update
 
@@ -116,8 +116,7 @@ class IDLG(Attack):
     needs = frozenset({"architecture", "parameters", "batch_size"})
 
     def __init__(self, labels: LabelStrategy = "idlg"):
-        if labels not in STRATEGIES:
-            raise ValueError(f"labels must be one of {STRATEGIES}, got {labels!r}")
+        check_choice("labels", labels, STRATEGIES)
         self.labels = labels
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:

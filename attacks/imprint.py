@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack
+from gleak.plugin import Attack, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Knowledge, Observation, Reconstruction
 
@@ -95,10 +95,8 @@ class Imprint(Attack):
     ):
         if bins < 1:
             raise ValueError(f"bins must be >= 1, got {bins}")
-        if measurement not in ("brightness", "random"):
-            raise ValueError(f"measurement must be 'brightness' or 'random', got {measurement!r}")
-        if distribution not in ("gaussian", "laplace"):
-            raise ValueError(f"distribution must be 'gaussian' or 'laplace', got {distribution!r}")
+        check_choice("measurement", measurement, ("brightness", "random"))
+        check_choice("distribution", distribution, ("gaussian", "laplace"))
         if not gain > 0:
             raise ValueError(f"gain must be > 0, got {gain}")
         self.bins, self.measurement, self.distribution, self.gain = bins, measurement, distribution, gain

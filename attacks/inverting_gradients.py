@@ -28,7 +28,7 @@ from gleak.attacks._gradmatch import (
     train_mode_batchnorm,
 )
 from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack
+from gleak.plugin import Attack, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Observation, Reconstruction
 
@@ -94,18 +94,15 @@ class InvertingGradients(Attack):
         lr_decay: bool = True,
         batch_restarts: Literal["auto", "vmap", "loop"] = "auto",
     ):
-        if preset not in PRESETS:
-            raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
+        check_choice("preset", preset, PRESETS)
         if iterations is not None and iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         if tv is not None and tv < 0:
             raise ValueError(f"tv must be >= 0, got {tv}")
         if lr <= 0 or restarts < 1:
             raise ValueError("lr must be > 0 and restarts >= 1")
-        if labels not in FIXED_LABELS:
-            raise ValueError(f"labels must be one of {FIXED_LABELS}, got {labels!r}")
-        if batch_restarts not in ("auto", "vmap", "loop"):
-            raise ValueError(f"batch_restarts must be 'auto', 'vmap' or 'loop', got {batch_restarts!r}")
+        check_choice("labels", labels, FIXED_LABELS)
+        check_choice("batch_restarts", batch_restarts, ("auto", "vmap", "loop"))
         self.preset, self.iterations, self.tv, self.lr, self.restarts = preset, iterations, tv, lr, restarts
         self.labels, self.signed, self.boxed, self.lr_decay = labels, signed, boxed, lr_decay
         self.batch_restarts = batch_restarts

@@ -43,7 +43,7 @@ from torch import nn
 
 from gleak.config import derive_seed
 from gleak.errors import UnsupportedCase
-from gleak.plugin import Defense
+from gleak.plugin import Defense, check_choice
 from gleak.registry import register_defense
 from gleak.secret_sharing import FixedPoint, secure_sum, sum_encoded
 from gleak.threat import Update
@@ -72,8 +72,7 @@ class _ConfinedTraining(Defense):
 
     def _check_common(self, partition, delta, delta_high, frac_bits, train_samples, eval_participants, inputs):
         Partition.parse(partition)
-        if inputs not in ("pixels", "standardized"):
-            raise ValueError(f"inputs must be 'pixels' or 'standardized', got {inputs!r}")
+        check_choice("inputs", inputs, ("pixels", "standardized"))
         if not delta > 0:
             raise ValueError(f"delta must be > 0, got {delta}")
         if delta_high is not None and not delta_high > delta:
@@ -222,18 +221,15 @@ class CGD(_ConfinedTraining):
         self._check_common(partition, delta, delta_high, frac_bits, train_samples, eval_participants, inputs)
         if mu < 0:
             raise ValueError(f"mu must be >= 0, got {mu}")
-        if grad_scale not in ("data", "local"):
-            raise ValueError(f"grad_scale must be 'data' or 'local', got {grad_scale!r}")
-        if secure_sum not in ("protocol", "float"):
-            raise ValueError(f"secure_sum must be 'protocol' or 'float', got {secure_sum!r}")
+        check_choice("grad_scale", grad_scale, ("data", "local"))
+        check_choice("secure_sum", secure_sum, ("protocol", "float"))
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         if not alpha > 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")
         if colluders is not None and colluders < 0:
             raise ValueError(f"colluders must be >= 0, got {colluders}")
-        if proxy not in ("colluder", "mean"):
-            raise ValueError(f"proxy must be 'colluder' or 'mean', got {proxy!r}")
+        check_choice("proxy", proxy, ("colluder", "mean"))
         self.partition, self.delta, self.delta_high = partition, delta, delta_high
         self.mu, self.normalize_schedule, self.grad_scale = mu, normalize_schedule, grad_scale
         self.secure_sum, self.frac_bits = secure_sum, frac_bits

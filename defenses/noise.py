@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gleak.plugin import Defense
+from gleak.plugin import Defense, check_choice
 from gleak.protocol import loss_fn, trainable
 from gleak.registry import register_defense
 from gleak.threat import Update
@@ -114,12 +114,9 @@ class Noise(Defense):
     ):
         if sigma is not None and sigma < 0:
             raise ValueError(f"sigma must be >= 0, got {sigma}")
-        if distribution not in ("gaussian", "laplace"):
-            raise ValueError(f"distribution must be 'gaussian' or 'laplace', got {distribution!r}")
-        if mode not in ("absolute", "dp"):
-            raise ValueError(f"mode must be 'absolute' or 'dp', got {mode!r}")
-        if accountant not in ("rdp", "prv"):
-            raise ValueError(f"accountant must be 'rdp' or 'prv', got {accountant!r}")
+        check_choice("distribution", distribution, ("gaussian", "laplace"))
+        check_choice("mode", mode, ("absolute", "dp"))
+        check_choice("accountant", accountant, ("rdp", "prv"))
         self.sigma, self.distribution, self.mode, self.clip = sigma, distribution, mode, clip
         self.noise_multiplier, self.target_epsilon, self.accountant = noise_multiplier, target_epsilon, accountant
         self.delta, self.sample_rate, self.steps = delta, sample_rate, steps

@@ -6,7 +6,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gleak.plugin import Defense
+from gleak.plugin import Defense, check_choice
 from gleak.registry import register_defense
 from gleak.threat import Update
 
@@ -64,8 +64,7 @@ class Quantization(Defense):
         stochastic: bool = False,
         per_channel: bool = False,
     ):
-        if format not in ("int", "fp16", "bf16"):
-            raise ValueError(f"format must be 'int', 'fp16' or 'bf16', got {format!r}")
+        check_choice("format", format, ("int", "fp16", "bf16"))
         if format == "int" and not 2 <= bits <= 16:
             raise ValueError(f"bits must be between 2 and 16, got {bits}")
         if stochastic and format == "fp16":

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from gleak.defenses._error_feedback import ErrorFeedback
-from gleak.plugin import Defense
+from gleak.plugin import Defense, check_choice
 from gleak.registry import register_defense
 from gleak.threat import Update
 
@@ -41,8 +41,7 @@ class TopK(Defense):
     def __init__(self, ratio: float = 0.9, scope: Literal["global", "layer"] = "global", error_feedback: bool = False):
         if not 0.0 <= ratio <= 1.0:
             raise ValueError(f"ratio must be in [0, 1], got {ratio}")
-        if scope not in ("global", "layer"):
-            raise ValueError(f"scope must be 'global' or 'layer', got {scope!r}")
+        check_choice("scope", scope, ("global", "layer"))
         self.ratio, self.scope, self.error_feedback = ratio, scope, error_feedback
         self._feedback = ErrorFeedback()
         self.stateful = error_feedback

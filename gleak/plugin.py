@@ -14,6 +14,16 @@ from torch import nn
 from gleak.threat import Knowledge, Observation, Reconstruction, Update
 
 
+
+def check_choice(name: str, value: Any, choices: Any) -> None:
+    """Raise ValueError("NAME must be 'a', 'b' or 'c', got VALUE") unless `value` is one of `choices`. The registry
+    checks Literal parameters before construction; this keeps a plugin built directly (Plugin(...)) as strict."""
+    choices = tuple(choices)
+    if value not in choices:
+        names = [repr(c) for c in choices]
+        listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+        raise ValueError(f"{name} must be {listed}, got {value!r}")
+
 class Plugin:
     """Shared behaviour: `get_params`, a readable repr, and the registered name."""
 

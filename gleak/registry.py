@@ -85,6 +85,8 @@ def _signature_params(obj: Callable[..., Any]) -> dict[str, Param]:
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:  # name the allowed values, not "Literal"
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
