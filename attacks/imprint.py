@@ -14,6 +14,8 @@ from gleak.registry import register_attack
 from gleak.threat import Knowledge, Observation, Reconstruction
 
 ENCODER = "imprint.encoder"  # parameter prefix of the imprint layer in the model the server sends
+BELOW_DATA = 10.0  # standard deviations below the centre: the reference's first threshold (-10 on a unit normal)
+REFERENCE_DECODER = 1e3  # the reference block's decoder entries (1 / its default gain 1e-3)
 
 
 class ImprintBlock(nn.Module):
@@ -47,9 +49,36 @@ def quantiles(values: Tensor, probs: Tensor, distribution: str) -> Tensor:
     p = probs.double()
     if distribution == "gaussian":
         return v.mean() + v.std() * math.sqrt(2.0) * torch.erfinv(2 * p - 1)
-    mu = v.median()
-    b = (v - mu).abs().mean()
+    mu, b = _laplace_fit(v)
     return mu - b * torch.sign(p - 0.5) * torch.log1p(-2 * (p - 0.5).abs())
+
+
+def _laplace_fit(v: Tensor) -> tuple[Tensor, Tensor]:
+    mu = v.median()
+    return mu, (v - mu).abs().mean()
+
+
+def below_data(values: Tensor, distribution: str) -> Tensor:
+    """A threshold far below every measurement: the fitted distribution's centre minus BELOW_DATA of its standard
+    deviations (the reference's -10 for its unit-variance Gaussian or Laplace, where -inf would be its 0 quantile)."""
+    v = values.double()
+    if distribution == "gaussian":
+        return v.mean() - BELOW_DATA * v.std()
+    mu, b = _laplace_fit(v)
+    return mu - BELOW_DATA * math.sqrt(2.0) * b  # a Laplace of scale b has standard deviation sqrt(2) b
+
+
+def thresholds(values: Tensor, bins: int, distribution: str, lowest_bin: str) -> Tensor:
+    """The k increasing thresholds q_1 < ... < q_k of the bins, placed on the distribution fitted to `values`.
+
+    "below-data" (the reference's layout): q_1 far below the data, q_{i+1} at the i/k quantile (i = 1..k-1), so
+    every sample fires the first bin and each of the k intervals holds 1/k of the distribution.
+    "quantile": q_i at the i/(k+1) quantile (i = 1..k); the 1/(k+1) below q_1 fire no bin.
+    """
+    if lowest_bin == "quantile":
+        return quantiles(values, torch.arange(1, bins + 1, dtype=torch.float64) / (bins + 1), distribution)
+    inner = quantiles(values, torch.arange(1, bins, dtype=torch.float64) / bins, distribution)
+    return torch.cat([below_data(values, distribution).reshape(1), inner])
 
 
 @register_attack("imprint")
@@ -57,30 +86,53 @@ class Imprint(Attack):
     """Robbing the Fed (Fowl et al., ICLR 2022): an imprint block in front of the model, inputs read from bin differences.
 
     Active: `prepare` returns a new model, Imprinted(imprint, model). The imprint layer is Linear(d -> k) whose k rows
-    all equal one measurement vector m (times 1/gain), with biases -q_i/gain, where q_1 < ... < q_k are the
-    i/(k+1) quantiles of a Gaussian or Laplace fitted to <m, x> over the attacker's public data; then ReLU; then a
-    Linear(k -> d) whose columns all equal gain/k, added to the input, so that the original model runs unchanged
-    on a (slightly shifted) image. Bin i fires for every sample with <m, x> > q_i, and since every bin has the same
-    weights into the rest of the network, all firing bins of one sample get the same dL/dz; so
-    dW_i - dW_{i+1} = sum of s_j x_j and db_i - db_{i+1} = sum of s_j over the samples whose measurement falls in
-    (q_i, q_{i+1}]; when exactly one does, x = (dW_i - dW_{i+1}) / (db_i - db_{i+1}) exactly (the top bin alone:
-    x = dW_k / db_k). The attack keeps the batch-size bins with the largest |db difference|; when fewer bins have a
-    non-zero difference (collisions, pruning) it fills the batch with the blind guess, the mean image. Samples below
-    q_1 fire no bin and are lost; two samples in one interval give their mixture.
+    all equal one measurement vector m (times 1/gain), with biases -q_i/gain at increasing thresholds q_1 < ... < q_k
+    placed on a Gaussian or Laplace fitted to <m, x> over the attacker's public data; then ReLU; then a
+    Linear(k -> d) whose entries all equal gain/k, added to the input, so that the original model runs unchanged on
+    a slightly shifted image (by the mean over bins of ReLU(<m, x> - q_i), whatever the gain). Bin i fires for every
+    sample with <m, x> > q_i, and since every bin has the same weights into the rest of the network, all firing bins
+    of one sample get the same dL/dz; so dW_i - dW_{i+1} = sum of s_j x_j and db_i - db_{i+1} = sum of s_j over the
+    samples whose measurement falls in (q_i, q_{i+1}]; when exactly one does, x = (dW_i - dW_{i+1}) / (db_i -
+    db_{i+1}) exactly (the top interval alone: x = dW_k / db_k). Two samples in one interval give their mixture.
+    Where fewer intervals can be read than the batch has samples (collisions, pruning) the batch is filled with the
+    blind guess, the mean image.
 
-    Parameters
+    Parameters (defaults: the reference implementation, the authors' lhfowl/robbing_the_fed at 91c4939, whose
+    modifications/imprint.py and attacks/analytic_attack.py are also breaching's ImprintBlock and ImprintAttacker)
     ----------
     bins: k, the number of bins (default 64; the paper shows recovery grows with k / batch size).
-    measurement: "brightness" (m = 1/d on every input entry: the mean of the normalised image, default) or
-        "random" (a fixed random unit direction drawn from the attack's generator).
+    measurement: "brightness" (m = 1/d on every input entry: the mean of the normalised image, default; the
+        reference's linfunc "avg") or "random" (a fixed random unit direction drawn from the attack's generator).
     distribution: "gaussian" (default) or "laplace", fitted to <m, x> over the public data (Knowledge.public_x).
+    lowest_bin: where the first threshold goes.
+        "below-data" (default, the reference's ImprintBlock._get_bins: bins[0] = -10 on its unit-variance model, the
+        others at the i/k quantiles, i = 1..k-1): q_1 = centre - 10 standard deviations of the fitted distribution,
+        so every sample fires bin 1 and none is lost below it; the k intervals hold 1/k of the distribution each.
+        "quantile" (gleak before issue 17): q_i at the i/(k+1) quantiles, i = 1..k; the samples below q_1, about
+        1/(k+1) of them (1 in 65 at 64 bins: one in two batches of 32 loses one), fire no bin and are lost.
+    selection: which intervals become the batch's images when more have a non-zero bias difference than the batch
+        has samples (only under noise or other perturbation: clean, at most one per sample is non-zero).
+        "weight" (default, the reference's ImprintAttacker.reconstruct rule, "best when faced with differential
+        privacy"): the largest |mean of the weight difference row|. "bias" (gleak before issue 17): the largest
+        |bias difference|. (The reference's comment names a third, the smallest |bias difference|, "optimal for
+        clean data with few bins".)
     gain: scales the decoder by gain and the imprint layer by 1/gain. ReLU is positively homogeneous, so which bins
         fire and the input shift are unchanged, while the imprint gradients scale with gain: a server's free choice
-        of how loud its bins are. Default 1.
+        of how loud its bins are, and what decides how much noise it survives. Default None: the reference block's
+        loudness, decoder entries 1e3 (its gain 1e-3 multiplies the imprint layer and divides the decoder, whose
+        entries are 1 / gain), i.e. gain = 1e3 * bins here (64,000 at 64 bins). gain = 1 is the block of gleak before
+        issue 17, 1e3 * bins times quieter: on the skimage MLP at batch 32 and 64 bins its bias gradients measured
+        1.5e5 to 7e5 times smaller than a block of the reference's form (3 seeds), the rest of that ratio coming from
+        the reference's decoder replacing the image by its output (here it is added to the image).
+    Suites: dgp-table1 (the only shipped suite with this attack) uses the defaults for lowest_bin and selection and
+    sets gain to 1 and 1e6 (the quiet block and one about 15 times louder than the reference's).
     Reports the share of the batch recovered exactly (PSNR > 40 dB, after matching) as the diagnostic
-    `share_psnr40` (every trial gets it); `bins_usable` counts the candidate bins with a non-zero bias difference.
-    Deviations: the paper's released code (breaching) places the first threshold differently and offers further
-    variants (sparse/one-shot blocks, placement deeper in the network); this is the paper's basic block at the input.
+    `share_psnr40` (every trial gets it); `bins_usable` counts the candidate intervals with a non-zero bias difference.
+    Deviations from the reference: the thresholds are placed on the distribution fitted to public data (the reference
+    assumes a unit normal, or a unit-variance Laplace for its Fourier measurement); the decoder adds its output to
+    the image (the reference's "linear" connection replaces the image by it); the top interval is read alone (the
+    reference differences downwards and keeps the sum over all samples in place of it); the sparse and one-shot
+    blocks, the Fourier measurement and placement deeper in the network are not implemented.
     """
 
     needs = frozenset({"batch_size", "public_data"})  # the server built the model it sent: it needs no copy of it
@@ -91,15 +143,21 @@ class Imprint(Attack):
         bins: int = 64,
         measurement: Literal["brightness", "random"] = "brightness",
         distribution: Literal["gaussian", "laplace"] = "gaussian",
-        gain: float = 1.0,
+        lowest_bin: Literal["below-data", "quantile"] = "below-data",
+        selection: Literal["weight", "bias"] = "weight",
+        gain: float | None = None,
     ):
         if bins < 1:
             raise ValueError(f"bins must be >= 1, got {bins}")
         check_choice("measurement", measurement, ("brightness", "random"))
         check_choice("distribution", distribution, ("gaussian", "laplace"))
-        if not gain > 0:
+        check_choice("lowest_bin", lowest_bin, ("below-data", "quantile"))
+        check_choice("selection", selection, ("weight", "bias"))
+        if gain is not None and not gain > 0:
             raise ValueError(f"gain must be > 0, got {gain}")
-        self.bins, self.measurement, self.distribution, self.gain = bins, measurement, distribution, gain
+        self.bins, self.measurement, self.distribution = bins, measurement, distribution
+        self.lowest_bin, self.selection = lowest_bin, selection
+        self.gain = REFERENCE_DECODER * bins if gain is None else float(gain)
 
     def prepare(self, model: nn.Module, knowledge: Knowledge, rng: torch.Generator) -> nn.Module:
         if knowledge.public_x is None or len(knowledge.public_x) < 2:
@@ -111,8 +169,7 @@ class Imprint(Attack):
             m = torch.randn(d, generator=rng, dtype=torch.float64)
             m = m / m.norm()
         values = knowledge.public_x.reshape(len(knowledge.public_x), -1).double() @ m
-        probs = torch.arange(1, self.bins + 1, dtype=torch.float64) / (self.bins + 1)
-        q = quantiles(values, probs, self.distribution)
+        q = thresholds(values, self.bins, self.distribution, self.lowest_bin)
         dtype = next(model.parameters()).dtype
         block = ImprintBlock(knowledge.input_shape, self.bins).to(dtype)
         with torch.no_grad():
@@ -132,7 +189,8 @@ class Imprint(Attack):
         ddb = torch.cat([db[:-1] - db[1:], db[-1:]])
         usable = torch.nonzero(ddb != 0).flatten()
         batch = k.batch_size or 1
-        rows = usable[torch.argsort(ddb[usable].abs(), descending=True, stable=True)][:batch]
+        score = ddw[usable].mean(dim=1) if self.selection == "weight" else ddb[usable]
+        rows = usable[torch.argsort(score.abs(), descending=True, stable=True)][:batch]
         # One image per sample: where fewer bins can be read (collisions, pruning) the rest is the blind guess, the
         # mean image (zero in normalised input space), so that scores average over the whole batch.
         x = torch.zeros((batch, dw.shape[1]), dtype=torch.float64)
