@@ -57,7 +57,15 @@ class DGP(Defense):
     Consequence (benchmarks/dgp_error_feedback.py): a top entry only grows in the residual, stays on top and is never
     sent while its gradient keeps its sign. On a constant 1,000-entry gradient (randn, seed 0) none of the 50 top
     entries is sent in 8 rounds and the residual's norm goes from 24.6 to 152.4 (tests/test_dgp.py). Over the
-    defense-costs utility run (MLP, Fashion-MNIST, FedSGD, 10 clients, 1,000 rounds): MEASURED_EF
+    defense-costs utility run (MLP, Fashion-MNIST, FedSGD, 10 clients, batch 32, 1,000 rounds) with gradients that do
+    change sign, most come back out: the residual's norm (mean over the clients) is 2.2 after round 1, 17.0 after
+    100, 30.2 after 300 and 77.5 after 1,000 (32 times that round's gradient norm, 2.4); 22.3% of the entries were in
+    a top-5% set in some round, 92.6% of those were sent in some round (86.0% after being dropped as top), 1.7% of all
+    entries were never sent; test accuracy 0.859 (undefended 0.8605). The other reading, top entries discarded and
+    only the bottom ones fed back (the benchmark's counterfactual, not an option here), keeps the residual at 1.2 to
+    1.5 (0.4 to 0.6 times the gradient) and sends all but 0.05% of the entries in 300 rounds, at accuracy 0.829
+    after 300 rounds against 0.835 with the paper's feedback.
+
     Parameters
     ----------
     k1: fraction of each layer's entries dropped from the top (largest |g|). Default 0.05 (seed 001).
