@@ -217,6 +217,7 @@ class ATS(Defense):
         images that contain both, such as Fashion-MNIST's; approximate otherwise), because the client's gradient hook
         receives normalised input only.
 
+    The tests check every operation against PIL (the authors' implementation) at each magnitude the list uses.
     Left out: the policy search itself (the authors' privacy score S_pri and accuracy score S_acc over candidate
     policies on a half-trained model), which is an offline procedure; only its published results are offered.
     Known deviations: the operations act on floating-point pixels (PIL works on 8-bit integers, so blends and

@@ -55,6 +55,8 @@ class Soteria(Defense):
     With offset > 0 a dead ReLU feature (r = 0, dr/dx = 0) scores 0 and is among the first pruned, which changes
     nothing (its gradient column is already zero): on ReLU networks the effective rate is lower (as in the authors'
     code on their ReLU ConvNet).
+    Cost: F vector-Jacobian products per gradient (batched 64 at a time), about 45x a plain gradient for the 256-unit
+    MLP on Fashion-MNIST at batch 32 (0.26 s against 0.006 s, one thread) and some 20 s for ResNet-18 at batch 2.
     Known deviations from the authors' code: they threshold at np.percentile(scores, p) and prune the features
     strictly below it; here exactly round(p F) features are pruned (ties by position). Scores and gradient come from
     one forward pass in the model's current mode (the authors' GS code switches the model to eval mode first).
