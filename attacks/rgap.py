@@ -22,8 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy import sparse
 from torch import Tensor, nn
 
 from gleak.attacks._gradmatch import attack_model, observed_gradient
@@ -34,9 +36,9 @@ from gleak.threat import Observation, Reconstruction
 
 ACTIVATIONS = (nn.LeakyReLU, nn.Sigmoid, nn.Tanh, nn.Identity)
 PARAMETRIC = (nn.Linear, nn.Conv2d)
-# Largest linear system (rows x unknowns) one layer may build: the dense system of a 3x32x32 input convolution is
-# about 4e7 entries; beyond 2e8 (1.6 GB in float64) the attack declines rather than exhaust a small machine.
-MAX_SYSTEM_ENTRIES = 200_000_000
+# Most unknowns (input entries) one convolution may have: its dense normal matrix is unknowns^2 float64 (a 3x32x32
+# input: 75 MB, eigendecomposed in about 20 s on one core); beyond 8192 (540 MB) the attack declines.
+MAX_UNKNOWNS = 8192
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Stage:
     layer: nn.Module
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
-    post: list[tuple[nn.Module, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    post: list[tuple[nn.Module | None, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # None: reshape
 
 
 @dataclass
@@ -112,25 +114,35 @@ def model_chain(model: nn.Module, input_shape: tuple[int, ...]) -> list[Stage]:
     finally:
         for h in hooks:
             h.remove()
-    with torch.no_grad():  # replaying the recorded modules in order must give the model's output: a plain chain
+    # Replaying the recorded modules in order must give the model's output: then the model is a plain chain. A
+    # functional reshape between two modules (LeNet's `.flatten(1)`) is kept as a reshape step (module None).
+    chain: list[tuple[nn.Module | None, tuple[int, ...], tuple[int, ...]]] = []
+    with torch.no_grad():
         out = probe
-        for m, _, _ in order:
+        for m, i_shape, o_shape in order:
+            here = tuple(out.shape[1:])
+            if here != i_shape:
+                if torch.Size(here).numel() != torch.Size(i_shape).numel():
+                    raise UnsupportedCase("rgap needs the model to be a plain chain of layers (no skip connections)")
+                chain.append((None, here, i_shape))
+                out = out.reshape(1, *i_shape)
             out = m(out)
+            chain.append((m, i_shape, o_shape))
     if out.shape != expected.shape or not torch.allclose(out, expected, rtol=1e-5, atol=1e-6):
         raise UnsupportedCase("rgap needs the model to be a plain chain of layers (no skip connections or functional ops)")
     names = {id(m): n for n, m in model.named_modules()}
     stages: list[Stage] = []
-    for m, i_shape, o_shape in order:
+    for m, i_shape, o_shape in chain:
         if isinstance(m, PARAMETRIC):
             stages.append(Stage(names[id(m)], m, i_shape, o_shape))
         elif not stages:
-            if not isinstance(m, (nn.Flatten, nn.Identity)):
+            if m is not None and not isinstance(m, (nn.Flatten, nn.Identity)):
                 raise UnsupportedCase(f"rgap cannot invert a {type(m).__name__} applied to the raw input")
         else:
             stages[-1].post.append((m, i_shape, o_shape))
     if not stages or not isinstance(stages[-1].layer, nn.Linear):
         raise UnsupportedCase("rgap needs the model to end in a fully connected classifier")
-    if any(not isinstance(m, nn.Identity) for m, _, _ in stages[-1].post):
+    if any(m is not None and not isinstance(m, nn.Identity) for m, _, _ in stages[-1].post):
         raise UnsupportedCase("rgap needs the classifier's logits to reach the loss directly")
     counted = {id(p) for s in stages for p in s.layer.parameters()}
     if any(id(p) not in counted for p in model.parameters() if p.requires_grad):
@@ -153,19 +165,19 @@ def _undo_activation(act: nn.Module, v: Tensor, eps: float) -> tuple[Tensor, Ten
     return v, torch.ones_like(v)  # Identity
 
 
-def _solve(a: Tensor, b: Tensor, rank_tol: float) -> tuple[Tensor, int]:
+def _solve(a: sparse.csr_matrix, b: np.ndarray, rank_tol: float) -> tuple[np.ndarray, int]:
     """Least squares a x = b through the eigendecomposition of a^T a (pseudo-inverse below rank_tol, relative to
-    the largest singular value), refined once on the residual. Returns (x, numerical rank)."""
-    g = a.T @ a
-    evals, vecs = torch.linalg.eigh(g)
-    top = evals.max().clamp_min(0)
+    the largest singular value), refined once on the residual. Returns (x, numerical rank). a is sparse: a^T a
+    costs the sum of squared row lengths, not rows x unknowns^2."""
+    g = (a.T @ a).toarray()
+    evals, vecs = np.linalg.eigh(g)
+    top = max(float(evals.max()), 0.0)
     if not top > 0:
-        return torch.zeros(a.shape[1], dtype=a.dtype), 0
+        return np.zeros(a.shape[1]), 0
     keep = evals > (rank_tol**2) * top
-    v = vecs[:, keep]
-    inv = 1.0 / evals[keep]
+    v, inv = vecs[:, keep], 1.0 / evals[keep]
 
-    def apply(rhs: Tensor) -> Tensor:
+    def apply(rhs: np.ndarray) -> np.ndarray:
         return v @ ((v.T @ (a.T @ rhs)) * inv)
 
     x = apply(b)
@@ -173,7 +185,7 @@ def _solve(a: Tensor, b: Tensor, rank_tol: float) -> tuple[Tensor, int]:
     return x, int(keep.sum())
 
 
-def _conv_system(layer: nn.Conv2d, in_shape: tuple[int, ...], k: Tensor) -> tuple[Tensor, Tensor, int]:
+def _conv_system(layer: nn.Conv2d, in_shape: tuple[int, ...], k: Tensor) -> tuple[sparse.csr_matrix, sparse.csr_matrix, int]:
     """(gradient-constraint matrix K, forward-constraint matrix M, unknowns): dW.flatten() = K x and
     (z - b).flatten() = M x for the unpadded input x, with padding substituted as known zeros."""
     c, h, w = in_shape
@@ -186,22 +198,22 @@ def _conv_system(layer: nn.Conv2d, in_shape: tuple[int, ...], k: Tensor) -> tupl
     where = torch.arange(c * hp * wp, dtype=torch.float64).view(1, c, hp, wp)
     picked = F.unfold(where, (kh, kw), stride=layer.stride).round().long()[0]  # (Q = c kh kw, L positions)
     cols = colmap.flatten()[picked]
-    n_out, n_pos = k.shape[0], picked.shape[1]
+    n_out, q_len, n_pos = k.shape[0], picked.shape[0], picked.shape[1]
     kk = k.reshape(n_out, n_pos)
-    weight = layer.weight.detach().reshape(n_out, -1)
-    q_len = picked.shape[0]
-    valid = cols >= 0
+    weight = layer.weight.detach().reshape(n_out, -1).to(k.dtype)
     f_idx = torch.arange(n_out).view(-1, 1, 1).expand(n_out, q_len, n_pos)
     q_idx = torch.arange(q_len).view(1, -1, 1).expand_as(f_idx)
     l_idx = torch.arange(n_pos).view(1, 1, -1).expand_as(f_idx)
-    mask = valid.unsqueeze(0).expand_as(f_idx)
+    mask = (cols >= 0).unsqueeze(0).expand_as(f_idx)
     f_sel, q_sel, l_sel = f_idx[mask], q_idx[mask], l_idx[mask]
-    col_sel = cols.unsqueeze(0).expand_as(f_idx)[mask]
+    col_sel = cols.unsqueeze(0).expand_as(f_idx)[mask].numpy()
     n = c * h * w
-    k_mat = torch.zeros(n_out * q_len, n, dtype=k.dtype)
-    k_mat.index_put_((f_sel * q_len + q_sel, col_sel), kk[f_sel, l_sel], accumulate=True)
-    m_mat = torch.zeros(n_out * n_pos, n, dtype=k.dtype)
-    m_mat.index_put_((f_sel * n_pos + l_sel, col_sel), weight[f_sel, q_sel].to(k.dtype), accumulate=True)
+    k_mat = sparse.coo_matrix(
+        (kk[f_sel, l_sel].numpy(), ((f_sel * q_len + q_sel).numpy(), col_sel)), shape=(n_out * q_len, n)
+    ).tocsr()  # duplicates (none arise for a plain convolution) would be summed
+    m_mat = sparse.coo_matrix(
+        (weight[f_sel, q_sel].numpy(), ((f_sel * n_pos + l_sel).numpy(), col_sel)), shape=(n_out * n_pos, n)
+    ).tocsr()
     return k_mat, m_mat, n
 
 
@@ -314,7 +326,7 @@ class RGAP(Attack):
             v, gv = x_in.detach(), gx[0]
             for op, op_in, _ in reversed(below.post):
                 v, gv = v.reshape(op_in), gv.reshape(op_in)
-                if not isinstance(op, nn.Flatten):
+                if op is not None and not isinstance(op, nn.Flatten):
                     v, d = _undo_activation(op, v, self.eps)
                     gv = gv * d
             z, k_out = v.reshape(below.out_shape), gv.reshape(below.out_shape)
@@ -331,15 +343,16 @@ class RGAP(Attack):
             n = layer.in_features
             return x.reshape(stage.in_shape), LayerRank(stage.name, n, dw.numel(), 0, n if norm > 0 else 0)
         n_in = int(torch.Size(stage.in_shape).numel())
-        rows = dw.numel() + z.numel()
-        if rows * n_in > MAX_SYSTEM_ENTRIES:
-            raise UnsupportedCase(f"rgap: layer {stage.name!r} needs a {rows} x {n_in} system, too large for this machine")
+        if n_in > MAX_UNKNOWNS:
+            raise UnsupportedCase(f"rgap: layer {stage.name!r} has {n_in} unknowns, more than {MAX_UNKNOWNS} (its dense "
+                                  "normal matrix would not fit a small machine)")  # fmt: skip
         k_mat, m_mat, n = _conv_system(layer, stage.in_shape, k)
         rhs_forward = z - (layer.bias.detach().view(-1, 1, 1) if layer.bias is not None else 0)
-        a = torch.cat([k_mat, m_mat])
-        b = torch.cat([dw.reshape(-1), rhs_forward.reshape(-1)])
+        a = sparse.vstack([k_mat, m_mat]).tocsr()
+        b = torch.cat([dw.reshape(-1), rhs_forward.reshape(-1)]).numpy()
         x, rank = _solve(a, b, self.rank_tol)
-        return x.reshape(stage.in_shape), LayerRank(stage.name, n, dw.numel(), z.numel(), rank)
+        x_t = torch.from_numpy(x).to(k.dtype).reshape(stage.in_shape)
+        return x_t, LayerRank(stage.name, n, dw.numel(), z.numel(), rank)
 
 
 def _rank_extra(ranks: list[LayerRank]) -> dict:
