@@ -139,6 +139,19 @@ class GradInversion(Attack):
         return 0.5 * (1 + math.cos(math.pi * (step - warm) / span))
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
+        x, losses, bn_values, y, extra = self.reconstruct_all(observation, rng)
+        if self.output == "consensus":
+            out, chosen = x.mean(0), -1
+            extra.update(grad_loss=float(losses.mean()), restart=chosen, bn_prior=float("nan"))
+        else:
+            chosen = int(torch.argmin(losses))
+            out = x[chosen]
+            extra.update(grad_loss=float(losses[chosen]), restart=chosen, bn_prior=bn_values[chosen])
+        return Reconstruction(x=out, y=y, extra=extra)
+
+    def reconstruct_all(self, observation: Observation, rng: torch.Generator):
+        """Every agent's final images (G, B, C, H, W), their final squared gradient distances (G,), their final BN
+        priors, the labels used, and extra."""
         model, names, params = attack_model(observation)
         k = observation.knowledge
         if k.batch_size is None or k.mean is None or k.std is None:
@@ -178,16 +191,8 @@ class GradInversion(Attack):
             finals = [self._objective(model, params, stats, xr.clone().requires_grad_(True), y, target, None) for xr in x]
         finally:
             stats.remove()
-        losses = torch.stack([f[1] for f in finals])
-        if self.output == "consensus":
-            best, out = -1, x.mean(0)
-            bn_value = float("nan")
-        else:
-            best = int(torch.argmin(losses))
-            out, bn_value = x[best], finals[best][2]
-        extra.update(grad_loss=float(losses[best]) if best >= 0 else float(losses.mean()), restart=best,
-                     bn_layers=len(stats.layers), bn_prior=bn_value, iterations=self.iterations)  # fmt: skip
-        return Reconstruction(x=out, y=y, extra=extra)
+        extra.update(bn_layers=len(stats.layers), iterations=self.iterations)
+        return x, torch.stack([f[1] for f in finals]), [f[2] for f in finals], y, extra
 
     def _objective(self, model, params, stats: BNStatistics, x: Tensor, y: Tensor, target, consensus):
         """(objective, squared gradient distance, BN prior) of one agent's batch x."""
