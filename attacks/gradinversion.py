@@ -73,11 +73,14 @@ class GradInversion(Attack):
         independent N(0, 1) starts optimised side by side (default 4).
     labels: "yin" (default): the paper's label restoration (row minima of the last layer's weight gradient); any
         of inverting-gradients' strategies, or "given" (true labels; adds "labels" to `needs`).
-    grad_weight: weight of the squared gradient distance (1). tv, l2, bn, group: the regularisers' weights
-        a_TV = 1e-4, a_l2 = 1e-6, a_BN = 0.1, a_group = 0.01 (breaching's see-through-gradients config, which
-        transcribes the paper's; 0 turns a term off). noise: Langevin noise scale (0.2, the paper's per breaching;
-        breaching itself uses 0.01). boxed: clamp pixels to the valid range after every step.
-    output: "best" (default): the agent with the lowest final gradient distance; "consensus": the group's mean.
+    grad_weight: weight of the squared gradient distance (1: the paper's objective adds the regularisers to an
+        unweighted gradient loss; breaching scales its Euclidean gradient loss by 1e-4, set grad_weight = 1e-4 for
+        its balance). tv, l2, bn, group: the regularisers' weights a_TV = 1e-4, a_l2 = 1e-6, a_BN = 0.1,
+        a_group = 0.01, taken from breaching's see-through-gradients config (its transcription of the paper; the
+        paper's own implementation section was not at hand); 0 turns a term off. noise: Langevin noise scale (0.2,
+        the paper's value according to breaching, which itself uses 0.01). boxed: clamp pixels to the valid range.
+    output: "best" (default): the agent with the lowest final gradient distance (inverting-gradients' rule; which
+        image the paper reports is not stated in what was read); "consensus": the group's mean.
 
     Named deviations: group consistency without registration: the paper aligns the agents' images (RANSAC-flow)
     before averaging them into the consensus E(x); here the consensus is the plain pixel mean of the agents' current
