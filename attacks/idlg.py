@@ -17,8 +17,8 @@ from gleak.plugin import Attack, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Knowledge, Observation, Reconstruction, Update
 
-LabelStrategy = Literal["idlg", "bias-sign", "row-sign", "count-aware"]
-STRATEGIES: tuple[str, ...] = ("idlg", "bias-sign", "row-sign", "count-aware")
+LabelStrategy = Literal["idlg", "bias-sign", "row-sign", "count-aware", "yin"]
+STRATEGIES: tuple[str, ...] = ("idlg", "bias-sign", "row-sign", "count-aware", "yin")
 
 
 def last_layer_grads(update: Update, model: nn.Module) -> tuple[Tensor, Tensor | None]:
@@ -64,6 +64,9 @@ def recover_labels(
     """Labels of the batch behind `update` (a FedSGD gradient), as a (batch_size,) tensor.
 
     idlg: the classes with the smallest last-layer weight row sums (exactly iDLG at batch size 1).
+    yin: the classes whose last-layer weight-gradient row has the smallest minimum (Yin et al., CVPR 2021, "See
+        through Gradients", label restoration: the row minimum survives averaging over a batch better than the row
+        sum; exact when the labels are distinct and the layer's inputs non-negative).
     bias-sign: classes whose last-layer bias gradient is negative, most negative first.
     row-sign: classes whose weight row sum is negative (the row-sum sign count), most negative first.
     count-aware: per-class counts from db_c = mean_p_c - n_c / B, with mean_p estimated by running the model on
@@ -72,6 +75,9 @@ def recover_labels(
     """
     dw, db = last_layer_grads(update, model)
     row_sums = dw.double().sum(dim=1)
+    if strategy == "yin":
+        order = torch.argsort(dw.double().min(dim=1).values)
+        return _take(order, order, batch_size)
     if strategy == "idlg":
         order = torch.argsort(row_sums)
         return _take(order, order, batch_size)
@@ -108,7 +114,7 @@ class IDLG(Attack):
     Parameters
     ----------
     labels: which rule reads the labels. "idlg" (default, the paper's rule: smallest row sum of the last-layer
-        weight gradient), "bias-sign", "row-sign" or "count-aware" (see `recover_labels`). iDLG's 100% claim holds
+        weight gradient), "bias-sign", "row-sign", "count-aware" or "yin" (see `recover_labels`). iDLG's 100% claim holds
         for per-sample gradients (batch size 1); the others are batch extensions, not from the paper.
     Returns labels only: the image columns of its trials are empty.
     """

@@ -99,6 +99,11 @@ class Defense(Plugin):
     def transform(self, update: Update, rng: torch.Generator) -> Update:
         return update
 
+    def wrap_model(self, model: nn.Module, rng: torch.Generator) -> nn.Module:
+        """The model every client trains (and the observer holds), built from the case's model; a defense that
+        extends the architecture (PRECODE's bottleneck) returns a new module. Default: unchanged."""
+        return model
+
     def observe(self, updates: list[Update], rng: torch.Generator) -> Update:
         return updates[0]
 

@@ -132,6 +132,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     knowledge = attacker_knowledge(attack, ds, victim, public)
 
     model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
+    model = defenses[0].wrap_model(model, generator(cfg.seed, "defense-model"))  # PRECODE's bottleneck
     model, history = warm_up(model, defenses, ds, cfg, attack, knowledge)
     model = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
 

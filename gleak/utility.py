@@ -108,6 +108,7 @@ def federated_training(
     defenses: list[Defense] = [create("defense", defense, **params) for _ in range(cfg.clients)]
     for d in defenses:
         d.reset()
+    model = defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model"))  # PRECODE's bottleneck
     x, y = train.normalized().to(dtype), train.y
     xt, yt = test.normalized().to(dtype), test.y
     parts = shards(len(train), cfg.clients, cfg.seed)
