@@ -42,11 +42,15 @@ class CaseConfig:
     train_batch_size: int = 32
     train_seed: int = 0
     model_mode: Literal["train", "eval"] = "train"  # BatchNorm statistics when the client computes its update
+    # The round protocol (a gleak.protocol.Protocol plugin) and its parameters; "fedsgd" unless named (or selected
+    # by the legacy keys: update = "fedavg", or a protocol named as a defense such as [[defense]] name = "cgd").
+    protocol: str = "fedsgd"
+    protocol_params: dict[str, Any] = field(default_factory=dict)
 
     # Fields added after TRIAL_FORMAT 1: part of a trial's identity only when set, so existing trial ids stay valid.
     LATER_FIELDS: ClassVar[dict[str, Any]] = {
         "rounds": 0, "model_state": "untrained", "train_steps": 500, "train_lr": 0.01, "train_batch_size": 32,
-        "train_seed": 0, "model_mode": "train",
+        "train_seed": 0, "model_mode": "train", "protocol": "fedsgd", "protocol_params": {},
     }
 
     def to_dict(self) -> dict[str, Any]:

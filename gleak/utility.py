@@ -12,9 +12,11 @@ round every client draws its batch uniformly without replacement from its own sh
 batch_size x local_steps for FedAvg), computes its update through its defense's `client_gradient` hook (FedSGD: one
 gradient; FedAvg: local_steps SGD steps at lr on consecutive mini-batches, sending w_before - w_after) and sends
 `defense.transform(update)`; the server applies the mean of what the clients sent (gleak.protocol.server_step:
-FedSGD w -= lr * mean gradient; FedAvg w -= mean delta). One defense instance per client, reset once, so stateful defenses (error feedback) keep their state
-across rounds. A protocol defense that replaces federated training altogether (CGD) trains in its own
-`train_utility` and the loop is not used. Accuracy: top-1 on the whole test split after the last round.
+FedSGD w -= lr * mean gradient; FedAvg w -= mean delta). The rounds run through gleak.protocol.run_rounds, the
+loop attack trials use. One defense instance per client, reset once, so stateful defenses (error feedback) keep
+their state across rounds. The run's protocol (`utility_setup`: fedsgd, fedavg with algorithm = "fedavg", or the
+protocol a defense entry names, such as cgd) trains in its `train_utility`; CGD's is its vectorised engine.
+Accuracy: top-1 on the whole test split after the last round.
 
 Determinism: the model, the data stream and the defenses' randomness each come from a generator derived from the
 config's seed, so the undefended baseline sees exactly the same batches as every defended run: the gap in accuracy is
@@ -41,8 +43,8 @@ from gleak.config import UtilityConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset
 from gleak.models import create_model
 from gleak.plugin import Defense
-from gleak.protocol import fedavg_update, fedsgd_update, server_step, transmit
-from gleak.registry import create
+from gleak.protocol import Protocol, Schedule, Setup, run_rounds
+from gleak.registry import create, plugin_info
 from gleak.threat import ClientBatch
 
 # Bump when a change to gleak alters what an existing utility config computes, so that stored runs are not reused.
@@ -97,15 +99,29 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: in
     return right / len(y)
 
 
+def utility_setup(cfg: UtilityConfig, defense: str, params: dict[str, Any]) -> Setup:
+    """The protocol and client defense of a utility run: a protocol named as a defense ([[defense]] name = "cgd")
+    with no transform; else fedavg (algorithm = "fedavg": local_steps at lr on mini-batches of batch_size) or fedsgd,
+    with the defense on every client."""
+    info = plugin_info("defense", defense)
+    if info.protocol is not None:
+        return Setup(info.protocol, dict(params), "none", {})
+    if cfg.algorithm == "fedavg":
+        fedavg = {"local_steps": cfg.local_steps, "local_lr": cfg.lr, "local_batch_size": cfg.batch_size}
+        return Setup("fedavg", fedavg, defense, params)
+    return Setup("fedsgd", {}, defense, params)
+
+
 def federated_training(
-    cfg: UtilityConfig, defense: str, params: dict[str, Any], train: ImageDataset, test: ImageDataset,
-    on_round: Callable[[], None] | None = None,
+    cfg: UtilityConfig, protocol: Protocol, defense: tuple[str, dict[str, Any]], train: ImageDataset,
+    test: ImageDataset, on_round: Callable[[], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Train under `defense` on every client's update for cfg.rounds rounds; {"accuracy", "curve"}."""
+    """Train under `protocol` with `defense` (name, params) on every client's update for cfg.rounds rounds through
+    run_rounds; {"accuracy", "curve"}."""
     dtype = torch.float32
     model = create_model(cfg.model, train.input_shape, train.num_classes, seed=derive_seed(cfg.seed, "utility-model"),
                          dtype=dtype, **cfg.model_params)  # fmt: skip
-    defenses: list[Defense] = [create("defense", defense, **params) for _ in range(cfg.clients)]
+    defenses: list[Defense] = [create("defense", defense[0], **defense[1]) for _ in range(cfg.clients)]
     for d in defenses:
         d.reset()
     x, y = train.normalized().to(dtype), train.y
@@ -114,24 +130,27 @@ def federated_training(
     data_rng = generator(cfg.seed, "utility-data")  # the same stream for every defense: paired comparison
     defense_rng = generator(cfg.seed, "utility-defense")
     client_rngs = [generator(cfg.seed, f"utility-client/{i}") for i in range(cfg.clients)]
-    fedavg = cfg.algorithm == "fedavg"
-    per_round = cfg.batch_size * (cfg.local_steps if fedavg else 1)
+    per_round = cfg.batch_size * (cfg.local_steps if cfg.algorithm == "fedavg" else 1)
     marks = {math.ceil(cfg.rounds * k / CURVE_POINTS) for k in range(1, CURVE_POINTS + 1)}
-    curve = []
-    for r in range(1, cfg.rounds + 1):
-        updates = []
-        for i, (d, part) in enumerate(zip(defenses, parts)):
+    curve: list[list[float]] = []
+
+    def batches(r: int) -> list[ClientBatch]:
+        out = []
+        for part in parts:
             idx = part[torch.randperm(len(part), generator=data_rng)[:per_round]]
-            batch = ClientBatch(x[idx], y[idx], train.mean, train.std)
-            if fedavg:
-                updates.append(fedavg_update(model, batch, cfg.lr, cfg.local_steps, cfg.batch_size, d, client_rngs[i]))
-            else:
-                updates.append(fedsgd_update(model, batch, d, client_rngs[i]))
-        model = server_step(model, transmit(defenses, updates, defense_rng, f"round {r}: "), cfg.lr)
-        if r in marks:
-            curve.append([r, accuracy(model, xt, yt)])
+            out.append(ClientBatch(x[idx], y[idx], train.mean, train.std))
+        return out
+
+    def after(r: int, models: list[torch.nn.Module]) -> None:
+        if r + 1 in marks:
+            curve.append([r + 1, accuracy(models[0], xt, yt)])
         if on_round is not None:
             on_round()
+
+    protocol.reset()
+    models = protocol.client_models(model, cfg.clients, generator(cfg.seed, "utility-client-models"))
+    schedule = Schedule(batches, lambda r: client_rngs, lambda r: defense_rng)
+    run_rounds(protocol, defenses, models, cfg.rounds, schedule, protocol.utility_lr(cfg), observe=False, on_round=after)
     return {"accuracy": curve[-1][1], "curve": curve}
 
 
@@ -145,9 +164,9 @@ def run_utility(
 ) -> dict[str, Any]:
     """One utility run as a row for the store. Never raises for a failing run: the row says why.
 
-    The defense's `train_utility` is asked first (a protocol such as CGD trains itself and returns at least
-    {"accuracy": float}, maybe "epsilon"); None means the standard federated loop. Epsilon: the result's own, or
-    the defense's `epsilon` for the run's delta, sampling rate and steps."""
+    The run's protocol trains (`train_utility`: the federated loop through run_rounds, or CGD's engine) and
+    returns at least {"accuracy": float}, maybe "epsilon". Epsilon: the result's own, or the client defense's
+    `epsilon` for the run's delta, sampling rate and steps."""
     t0 = time.perf_counter()
     row: dict[str, Any] = {"status": "ok", "error": None, "traceback": None, "accuracy": None, "epsilon": None}
     extra: dict[str, Any] = {}
@@ -155,14 +174,15 @@ def run_utility(
         with torch.random.fork_rng(devices=[]):  # a plugin that touches the global RNG cannot leak into the next run
             torch.manual_seed(derive_seed(cfg.seed, "utility-global"))
             train, test = load_utility_data(cfg)
-            d = create("defense", defense, **params)
-            result = d.train_utility(cfg, train, test, generator(cfg.seed, "utility-protocol"))
-            if result is None:
-                result = federated_training(cfg, defense, params, train, test, on_round)
-            else:
+            setup = utility_setup(cfg, defense, params)
+            protocol: Protocol = create("protocol", setup.protocol, **setup.protocol_params)
+            d = create("defense", setup.defense, **setup.defense_params)
+            result = protocol.train_utility(cfg, train, test, generator(cfg.seed, "utility-protocol"),
+                                            defense=(setup.defense, setup.defense_params), on_round=on_round)  # fmt: skip
+            if type(protocol).train_utility is not Protocol.train_utility:
                 extra["trained_by"] = "train_utility"
             if "accuracy" not in result:
-                raise ValueError(f"defense {defense!r}: train_utility returned no 'accuracy'")
+                raise ValueError(f"protocol {setup.protocol!r}: train_utility returned no 'accuracy'")
             q, steps = accounting(cfg, len(train))
             eps = result["epsilon"] if "epsilon" in result else d.epsilon(delta=cfg.delta, sample_rate=q, steps=steps)
         row["accuracy"] = float(result["accuracy"])

@@ -3,24 +3,45 @@ Learning"), modelled by what it lets the observer see."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from gleak.plugin import Defense
-from gleak.registry import register_defense
-from gleak.threat import Update
+from gleak.protocol import Protocol, fedavg_update, fedsgd_update
+from gleak.registry import register_protocol
+from gleak.threat import ClientBatch, Update
 
 
-@register_defense("secure-aggregation")
-class SecureAggregation(Defense):
+@register_protocol("secure-aggregation", as_defense=True)
+class SecureAggregation(Protocol):
     """The observer sees only the sum of all clients' updates at the shared parameters (Bonawitz et al. 2017).
 
-    A protocol defense: clients send their updates unchanged, and the server (or an eavesdropper) learns their sum
-    and nothing else. No cryptography runs here: for the benchmark only the view matters, and a correct
-    secure-aggregation protocol reveals exactly the sum, so the sum is computed in the clear. Set the number of
-    clients with the case key `clients` (the victim is client 0; the others draw their own batches). With one client
-    the sum is the victim's own update.
+    Clients compute FedSGD gradients at the shared model and send them (after their defense's transform); the server
+    (or an eavesdropper) learns their sum and nothing else, with the number of samples behind it (gated: only an
+    attack granted "batch_size" reads it). No cryptography runs here: for the benchmark only the view matters, and a
+    correct secure-aggregation protocol reveals exactly the sum, so the sum is computed in the clear. Set the number
+    of clients with the case key `clients` (the victim is client 0; the others draw their own batches). With one
+    client the sum is the victim's own update. The server steps with the mean, which the sum gives.
     Seed 000 Theorem 2: with a shared global model the sum is still the gradient of the union of the clients'
     batches, so attacks that handle large batches (imprint with enough bins) still recover samples through it.
+    local_steps: None (default): clients send FedSGD gradients; a number: FedAvg's local steps at local_lr, and the
+        sum is of their deltas (a legacy case with `update = "fedavg"` sets both from the case).
+    Also accepted as a defense (`[[defense]] name = "secure-aggregation"`), its historical spelling.
     """
 
-    def observe(self, updates: list[Update], rng: torch.Generator) -> Update:
-        return Update.sum(updates)
+    def __init__(self, local_steps: int | None = None, local_lr: float = 0.1):
+        if local_steps is not None and local_steps < 1:
+            raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+        if not local_lr > 0:
+            raise ValueError(f"local_lr must be > 0, got {local_lr}")
+        self.local_steps, self.local_lr = local_steps, local_lr
+
+    def client_update(self, model: nn.Module, batch: ClientBatch, defense: Defense, rng: torch.Generator) -> Update:
+        if self.local_steps is None:
+            return fedsgd_update(model, batch, defense, rng)
+        return fedavg_update(model, batch, self.local_lr, self.local_steps, None, defense, rng)
+
+    def utility_lr(self, config) -> float:
+        return config.lr if self.local_steps is None else 1.0
+
+    def observe(self, sent: list[Update], rng: torch.Generator) -> Update:
+        return Update.sum(sent)
