@@ -96,14 +96,20 @@ class TrialConfig:
     seed: int
 
     def identity(self) -> dict[str, Any]:
-        """What the trial computes: everything but the suite's name."""
+        """What the trial computes: everything but the suite's name. Plugin names enter as their identity names,
+        so that a renamed plugin (registered with its old name as an alias) keeps its trials' ids."""
+        from gleak.registry import identity_name  # the registry does not import this module
+
+        case = self.case.identity()
+        if "protocol" in case:
+            case["protocol"] = identity_name("protocol", case["protocol"])
         return {
             "format": TRIAL_FORMAT,
-            "attack": self.attack,
+            "attack": identity_name("attack", self.attack),
             "attack_params": self.attack_params,
-            "defense": self.defense,
+            "defense": identity_name("defense", self.defense),
             "defense_params": self.defense_params,
-            "case": self.case.identity(),
+            "case": case,
             "seed": self.seed,
         }
 

@@ -247,7 +247,7 @@ def trial_setup(case: Any, defense: str, defense_params: dict[str, Any]) -> Setu
         if case.protocol != "fedsgd" or case.protocol_params:
             raise InputError(f"defense {defense!r} is the protocol {info.protocol!r}: do not also set the case's protocol")
         params = dict(defense_params)
-        if case.update == "fedavg":
+        if case.update == "fedavg":  # the legacy client computation, where the protocol has one
             if "local_steps" not in registry.plugin_info("protocol", info.protocol).params:
                 raise UnsupportedCase(f"protocol {info.protocol!r}: participants send gradients (case update = 'fedsgd')")
             params.update(legacy_fedavg)

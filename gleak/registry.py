@@ -293,18 +293,25 @@ def register_defense(name: str | None = None, **kw: Any):
     return _REGISTRIES["defense"].register(name, **kw)
 
 
-def register_protocol(name: str | None = None, *, as_defense: bool = False, **kw: Any):
+def register_protocol(
+    name: str | None = None, *, as_defense: bool = False, defense_params: tuple[str, ...] | None = None, **kw: Any
+):  # fmt: skip
     """Class decorator: register a protocol (a gleak.protocol.Protocol) under a short kebab-case name.
 
     as_defense: also accept the name as a defense (``[[defense]] name = NAME``), which selects this protocol with no
-    client transform; the leaderboard ranks it as a defense, and its trial ids are those that spelling always had."""
+    client transform; the leaderboard ranks it as a defense, and its trial ids are those that spelling always had.
+    defense_params: the parameters that spelling accepts (None: all). A parameter a protocol gained after its
+    defense spelling existed must stay out of it, or its default would enter every such trial's id."""
 
     def deco(obj):
         _REGISTRIES["protocol"].register(name, **kw)(obj)
         if as_defense:
             key = name or obj.registered_name
-            _REGISTRIES["defense"].register(key, protocol=key, set_name=False, source="protocol",
-                                            aliases=kw.get("aliases", ()))(obj)  # fmt: skip
+            reg = _REGISTRIES["defense"]
+            reg.register(key, protocol=key, set_name=False, source="protocol", aliases=kw.get("aliases", ()))(obj)
+            if defense_params is not None:
+                info = reg._plugins[key]
+                info.params = {k: v for k, v in info.params.items() if k in defense_params}
         return obj
 
     return deco

@@ -104,10 +104,13 @@ def utility_setup(cfg: UtilityConfig, defense: str, params: dict[str, Any]) -> S
     with no transform; else fedavg (algorithm = "fedavg": local_steps at lr on mini-batches of batch_size) or fedsgd,
     with the defense on every client."""
     info = plugin_info("defense", defense)
+    fedavg = {"local_steps": cfg.local_steps, "local_lr": cfg.lr, "local_batch_size": cfg.batch_size}
     if info.protocol is not None:
-        return Setup(info.protocol, dict(params), "none", {})
+        own = dict(params)
+        if cfg.algorithm == "fedavg" and "local_steps" in plugin_info("protocol", info.protocol).params:
+            own.update(fedavg)  # secure aggregation of FedAvg's deltas
+        return Setup(info.protocol, own, "none", {})
     if cfg.algorithm == "fedavg":
-        fedavg = {"local_steps": cfg.local_steps, "local_lr": cfg.lr, "local_batch_size": cfg.batch_size}
         return Setup("fedavg", fedavg, defense, params)
     return Setup("fedsgd", {}, defense, params)
 

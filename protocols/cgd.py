@@ -25,9 +25,8 @@ network (model "mlp"), vectorised across participants (defenses/cgd_training.py)
 [utility] lr, m = `partition`; the returned accuracy is the worst evaluated confined model (the paper reports the
 worst), baseline_accuracy is centralized training (the same protocol with one participant: full-batch gradient
 descent on all the data, the same init law, T and alpha). With a client defense other than "none" (DP-SGD inside
-CGD), or `engine = "per-participant"`, the run goes participant by participant through run_rounds instead
-(horizontal partitions only): the same models as the engine on the same seed (tests/test_protocols.py), at m
-times the cost.
+CGD) the run goes participant by participant through run_rounds instead (`train_per_participant`, horizontal
+partitions only): the same models as the engine on the same seed (tests/test_protocols.py), at m times the cost.
 
 Reading of Algorithm 2 (ambiguous in the paper): see defenses/cgd_training.py, whose engine decides it.
 
@@ -100,8 +99,8 @@ class _ConfinedTraining(Protocol):
         self, config: Any, train_ds: Any, test_ds: Any, rng: torch.Generator,
         defense: tuple[str, dict[str, Any]] = ("none", {}), on_round: Any = None,
     ) -> dict[str, Any]:  # fmt: skip
-        if defense[0] != "none" or getattr(self, "engine", "vectorised") == "per-participant":
-            return self._train_per_participant(config, train_ds, test_ds, defense)
+        if defense[0] != "none":  # a client defense inside CGD: participant by participant (run_rounds)
+            return train_per_participant(self, config, train_ds, test_ds, defense)
         # Configurations that differ only in attack-trial parameters train identically: once per process.
         mine = {k: getattr(self, k) for k in self._utility_params if hasattr(self, k)}
         key = json.dumps([self._mode, mine, config.to_dict(), train_ds.name, len(train_ds)], sort_keys=True, default=str)
@@ -184,35 +183,41 @@ def _subset(ds: Any, n: int | None, seed: int, inputs: str) -> tuple[torch.Tenso
     return _features(ds, order, inputs), ds.y[order]
 
 
-    def _train_per_participant(self, config: Any, train_ds: Any, test_ds: Any, defense: tuple[str, dict[str, Any]]):
-        """The utility run participant by participant through run_rounds (horizontal partitions): full-batch CGD
-        on each participant's sample block, from the engine's initial models (participant_init), each participant's
-        gradients through its defense."""
-        from gleak.registry import create
+def train_per_participant(
+    proto: "_ConfinedTraining", config: Any, train_ds: Any, test_ds: Any, defense: tuple[str, dict[str, Any]] = ("none", {}),
+    dtype: torch.dtype = torch.float32, models_only: bool = False,
+) -> Any:  # fmt: skip
+    """A utility run of `proto` (cgd or local-training) participant by participant through run_rounds
+    (horizontal partitions): full-batch rounds on each participant's sample block, from the engine's initial models
+    (participant_init), each participant's gradients through its defense. `models_only`: return the trained
+    models (the engine's equality test)."""
+    from gleak.registry import create
 
-        t0 = time.perf_counter()
-        part = Partition.parse(self.partition)
-        if part.cols > 1:
-            raise UnsupportedCase("CGD's per-participant path (a client defense inside CGD) runs horizontal partitions only")
-        sizes = _mlp_sizes(config, train_ds)
-        x, y = _subset(train_ds, self.train_samples, config.seed, self.inputs)
-        x_test, y_test = _features(test_ds, slice(None), self.inputs), test_ds.y
-        models, batches = initial_participants(self, x, y, sizes, train_ds, derive_seed(config.seed, "cgd"))
-        defenses = [create("defense", defense[0], **defense[1]) for _ in models]
-        for d in defenses:
-            d.reset()
-        rngs = [torch.Generator().manual_seed(derive_seed(config.seed, f"cgd/client/{i}")) for i in range(len(models))]
-        wire = torch.Generator().manual_seed(derive_seed(config.seed, "cgd/wire"))
-        proto = copy.copy(self)  # the utility run's schedule: alpha = [utility] lr over T = [utility] rounds
-        proto.alpha, proto.iterations = config.lr, config.rounds
-        proto.reset()
-        proto._models = list(models)
-        schedule = Schedule(lambda r: batches, lambda r: rngs, lambda r: wire)
-        models, _ = run_rounds(proto, defenses, models, config.rounds, schedule, config.lr, observe=False)
-        accs = torch.tensor([_accuracy(m, x_test, y_test) for m in models])
-        return {"accuracy": float(accs.min()), "mean_accuracy": float(accs.mean()), "best_accuracy": float(accs.max()),
-                "participants": len(models), "iterations": config.rounds, "train_samples": len(y), "epsilon": None,
-                "path": "per-participant", "seconds": time.perf_counter() - t0}  # fmt: skip
+    t0 = time.perf_counter()
+    part = Partition.parse(proto.partition)
+    if part.cols > 1:
+        raise UnsupportedCase("CGD's per-participant path (a client defense inside CGD) runs horizontal partitions only")
+    sizes = _mlp_sizes(config, train_ds)
+    x, y = _subset(train_ds, proto.train_samples, config.seed, proto.inputs)
+    x_test, y_test = _features(test_ds, slice(None), proto.inputs), test_ds.y
+    models, batches = initial_participants(proto, x, y, sizes, derive_seed(config.seed, "cgd"), dtype)
+    defenses = [create("defense", defense[0], **defense[1]) for _ in models]
+    for d in defenses:
+        d.reset()
+    rngs = [torch.Generator().manual_seed(derive_seed(config.seed, f"cgd/client/{i}")) for i in range(len(models))]
+    wire = torch.Generator().manual_seed(derive_seed(config.seed, "cgd/wire"))
+    proto = copy.copy(proto)  # the utility run's schedule: alpha = [utility] lr over T = [utility] rounds
+    proto.alpha, proto.iterations = config.lr, config.rounds
+    proto.reset()
+    proto._models = list(models)
+    schedule = Schedule(lambda r: batches, lambda r: rngs, lambda r: wire)
+    models, _ = run_rounds(proto, defenses, models, config.rounds, schedule, config.lr, observe=False)
+    if models_only:  # the engine's equality test compares the models themselves
+        return models
+    accs = torch.tensor([_accuracy(m, x_test, y_test) for m in models])
+    return {"accuracy": float(accs.min()), "mean_accuracy": float(accs.mean()), "best_accuracy": float(accs.max()),
+            "participants": len(models), "iterations": config.rounds, "train_samples": len(y), "epsilon": None,
+            "path": "per-participant", "seconds": time.perf_counter() - t0}  # fmt: skip
 
 
 def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -221,7 +226,7 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def initial_participants(
-    proto: "_ConfinedTraining", x: torch.Tensor, y: torch.Tensor, sizes: list[int], ds: Any, seed: int,
+    proto: "_ConfinedTraining", x: torch.Tensor, y: torch.Tensor, sizes: list[int], seed: int,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[list[nn.Module], list[ClientBatch]]:  # fmt: skip
     """The m = rows participants of a horizontal partition as modules and batches: participant l holds sample
@@ -269,9 +274,6 @@ class CGD(_ConfinedTraining):
     colluders: attack trials: t colluding participants, the last t clients (default m - 2, the paper's worst case).
     proxy: attack trials: the model the adversary holds, "colluder" (default) or "mean" (see the module docstring).
     confined: false = federated SGD with secure aggregation over the same clients (one shared model, observed).
-    engine: utility runs: "vectorised" (default, defenses/cgd_training.py) or "per-participant" (run_rounds, one
-        module per participant: the reference the engine is tested against; also used whenever a client defense
-        other than "none" runs inside CGD).
     Also accepted as a defense (`[[defense]] name = "cgd"`), its historical spelling: CGD with no client transform.
     """
 
@@ -296,7 +298,6 @@ class CGD(_ConfinedTraining):
         colluders: int | None = None,
         proxy: Literal["colluder", "mean"] = "colluder",
         confined: bool = True,
-        engine: Literal["vectorised", "per-participant"] = "vectorised",
     ):
         self._check_common(partition, delta, delta_high, frac_bits, train_samples, eval_participants, inputs)
         if mu < 0:
@@ -310,8 +311,6 @@ class CGD(_ConfinedTraining):
         if colluders is not None and colluders < 0:
             raise ValueError(f"colluders must be >= 0, got {colluders}")
         check_choice("proxy", proxy, ("colluder", "mean"))
-        check_choice("engine", engine, ("vectorised", "per-participant"))
-        self.engine = engine
         self.partition, self.delta, self.delta_high = partition, delta, delta_high
         self.mu, self.normalize_schedule, self.grad_scale = mu, normalize_schedule, grad_scale
         self.secure_sum, self.frac_bits = secure_sum, frac_bits

@@ -11,7 +11,8 @@ from gleak.registry import register_protocol
 from gleak.threat import ClientBatch, Update
 
 
-@register_protocol("secure-aggregation", as_defense=True)
+# Its defense spelling had no parameters: FedAvg's settings stay out of those trials' ids.
+@register_protocol("secure-aggregation", as_defense=True, defense_params=())
 class SecureAggregation(Protocol):
     """The observer sees only the sum of all clients' updates at the shared parameters (Bonawitz et al. 2017).
 
@@ -23,22 +24,25 @@ class SecureAggregation(Protocol):
     client the sum is the victim's own update. The server steps with the mean, which the sum gives.
     Seed 000 Theorem 2: with a shared global model the sum is still the gradient of the union of the clients'
     batches, so attacks that handle large batches (imprint with enough bins) still recover samples through it.
-    local_steps: None (default): clients send FedSGD gradients; a number: FedAvg's local steps at local_lr, and the
-        sum is of their deltas (a legacy case with `update = "fedavg"` sets both from the case).
+    local_steps: None (default): clients send FedSGD gradients; a number: FedAvg's local steps at local_lr on
+        mini-batches of local_batch_size (None: the whole batch), and the sum is of their deltas (a legacy case with
+        `update = "fedavg"`, or a [utility] run with algorithm = "fedavg", sets them).
     Also accepted as a defense (`[[defense]] name = "secure-aggregation"`), its historical spelling.
     """
 
-    def __init__(self, local_steps: int | None = None, local_lr: float = 0.1):
+    def __init__(self, local_steps: int | None = None, local_lr: float = 0.1, local_batch_size: int | None = None):
         if local_steps is not None and local_steps < 1:
             raise ValueError(f"local_steps must be >= 1, got {local_steps}")
         if not local_lr > 0:
             raise ValueError(f"local_lr must be > 0, got {local_lr}")
-        self.local_steps, self.local_lr = local_steps, local_lr
+        if local_batch_size is not None and local_batch_size < 1:
+            raise ValueError(f"local_batch_size must be >= 1, got {local_batch_size}")
+        self.local_steps, self.local_lr, self.local_batch_size = local_steps, local_lr, local_batch_size
 
     def client_update(self, model: nn.Module, batch: ClientBatch, defense: Defense, rng: torch.Generator) -> Update:
         if self.local_steps is None:
             return fedsgd_update(model, batch, defense, rng)
-        return fedavg_update(model, batch, self.local_lr, self.local_steps, None, defense, rng)
+        return fedavg_update(model, batch, self.local_lr, self.local_steps, self.local_batch_size, defense, rng)
 
     def utility_lr(self, config) -> float:
         return config.lr if self.local_steps is None else 1.0
