@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -118,11 +117,11 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
-    models, warm = run_rounds(protocol, defenses, models, cfg.case.rounds, warm_up_schedule(ds, cfg), cfg.case.local_lr)
+    models, warm = run_rounds(protocol, defenses, models, cfg.case.rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
     if protocol.shared_model:  # the server sends its model; an active attack builds it (a new module)
         models = [attack.prepare(models[0], knowledge, generator(cfg.seed, "attack-prepare"))] * len(batches)
     models, seen = run_rounds(protocol, defenses, models, protocol.observed_rounds(), observed_schedule(batches, cfg),
-                              cfg.case.local_lr, step_last=False)  # fmt: skip
+                              cfg.case.warmup_lr, step_last=False)  # fmt: skip
     history: tuple[Observation, ...] = ()
     for w in [*warm, *seen[:-1]]:  # every round the observer saw passes the gate
         history = (*history, observation(w.view, w.held, attack, knowledge, cfg))

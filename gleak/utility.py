@@ -47,6 +47,8 @@ from gleak.protocol import Protocol, Schedule, Setup, run_rounds
 from gleak.registry import create, plugin_info
 from gleak.threat import ClientBatch
 
+# A run's protocol where a suite's case names one: (name, full params); None: the [utility] table's own algorithm.
+Protocolled = tuple[str, dict[str, Any]] | None
 # Bump when a change to gleak alters what an existing utility config computes, so that stored runs are not reused.
 UTILITY_FORMAT = 1
 BASELINE = ("none", {})
@@ -62,12 +64,13 @@ def _json(d: Any) -> str:
     return json.dumps(d, sort_keys=True, default=str)
 
 
-def utility_id(cfg: UtilityConfig, defense: str, params: dict[str, Any]) -> str:
-    """The key of one run: a hash of everything it computes (training config, defense, defense parameters)."""
-    blob = json.dumps(
-        {"format": UTILITY_FORMAT, "utility": cfg.to_dict(), "defense": defense, "defense_params": params},
-        sort_keys=True, separators=(",", ":"), default=str,
-    )  # fmt: skip
+def utility_id(cfg: UtilityConfig, defense: str, params: dict[str, Any], protocol: Protocolled = None) -> str:
+    """The key of one run: a hash of everything it computes (training config, defense, defense parameters, and the
+    protocol where the suite's case names one: runs without keep the ids they always had)."""
+    ident = {"format": UTILITY_FORMAT, "utility": cfg.to_dict(), "defense": defense, "defense_params": params}
+    if protocol is not None:
+        ident["protocol"] = list(protocol)
+    blob = json.dumps(ident, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -99,10 +102,12 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: in
     return right / len(y)
 
 
-def utility_setup(cfg: UtilityConfig, defense: str, params: dict[str, Any]) -> Setup:
-    """The protocol and client defense of a utility run: a protocol named as a defense ([[defense]] name = "cgd")
-    with no transform; else fedavg (algorithm = "fedavg": local_steps at lr on mini-batches of batch_size) or fedsgd,
-    with the defense on every client."""
+def utility_setup(cfg: UtilityConfig, defense: str, params: dict[str, Any], protocol: Protocolled = None) -> Setup:
+    """The protocol and client defense of a utility run: the protocol the suite's case names (`protocol`), with the
+    defense on every client; a protocol named as a defense ([[defense]] name = "cgd") with no transform; else fedavg
+    (algorithm = "fedavg": local_steps at lr on mini-batches of batch_size) or fedsgd, with the defense."""
+    if protocol is not None:
+        return Setup(protocol[0], dict(protocol[1]), defense, params)
     info = plugin_info("defense", defense)
     fedavg = {"local_steps": cfg.local_steps, "local_lr": cfg.lr, "local_batch_size": cfg.batch_size}
     if info.protocol is not None:
@@ -163,7 +168,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_utility(
-    cfg: UtilityConfig, defense: str, params: dict[str, Any], on_round: Callable[[], None] | None = None
+    cfg: UtilityConfig, defense: str, params: dict[str, Any], on_round: Callable[[], None] | None = None,
+    protocol: Protocolled = None,
 ) -> dict[str, Any]:
     """One utility run as a row for the store. Never raises for a failing run: the row says why.
 
@@ -177,7 +183,7 @@ def run_utility(
         with torch.random.fork_rng(devices=[]):  # a plugin that touches the global RNG cannot leak into the next run
             torch.manual_seed(derive_seed(cfg.seed, "utility-global"))
             train, test = load_utility_data(cfg)
-            setup = utility_setup(cfg, defense, params)
+            setup = utility_setup(cfg, defense, params, protocol)
             protocol: Protocol = create("protocol", setup.protocol, **setup.protocol_params)
             d = create("defense", setup.defense, **setup.defense_params)
             result = protocol.train_utility(cfg, train, test, generator(cfg.seed, "utility-protocol"),
@@ -215,6 +221,11 @@ def _ensure_table(store: Any) -> None:
     store.db.execute(_SCHEMA)
 
 
+def label(defense: str, protocol: Protocolled) -> str:
+    """The defense column of a run: 'PROTOCOL+DEFENSE' where the case names a protocol (as the leaderboard ranks it)."""
+    return defense if protocol is None else f"{protocol[0]}+{defense}"
+
+
 def _put(store: Any, uid: str, cfg: UtilityConfig, defense: str, params: dict[str, Any], row: dict[str, Any]) -> None:
     rec = {"utility_id": uid, "defense": defense, "defense_params": _json(params), "dataset": cfg.dataset,
            "model": cfg.model, "config": _json(cfg.to_dict()), **{k: row.get(k) for k in
@@ -223,28 +234,34 @@ def _put(store: Any, uid: str, cfg: UtilityConfig, defense: str, params: dict[st
     store.db.execute(f"INSERT OR REPLACE INTO utility ({cols}) VALUES ({', '.join('?' for _ in rec)})", list(rec.values()))
 
 
-def defense_configs(trials: list[Any]) -> list[tuple[str, dict[str, Any]]]:
-    """The distinct (defense, params) of a suite's trials, in suite order."""
-    seen: dict[str, tuple[str, dict[str, Any]]] = {}
+def defense_configs(trials: list[Any]) -> list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], Protocolled]]:
+    """The distinct (defense, params) of a suite's trials, in suite order; (defense, params, (protocol, params))
+    for trials whose case names a protocol (the pair is trained, and ranked, as one defense)."""
+    seen: dict[str, Any] = {}
     for t in trials:
-        seen.setdefault(f"{t.defense} {_json(t.defense_params)}", (t.defense, t.defense_params))
+        named = t.case.protocol != "fedsgd" or t.case.protocol_params
+        proto = (t.case.protocol, t.case.protocol_params) if named else None
+        entry = (t.defense, t.defense_params) if proto is None else (t.defense, t.defense_params, proto)
+        seen.setdefault(_json(entry), entry)
     return list(seen.values())
 
 
-def suite_runs(cfg: UtilityConfig, defenses: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(id, defense, params) of every distinct run a suite needs: the baseline first, then each defense config."""
+def suite_runs(cfg: UtilityConfig, defenses: list[Any]) -> list[tuple[str, str, dict[str, Any], Protocolled]]:
+    """(id, defense, params, protocol) of every distinct run a suite needs: the baseline first, then each defense
+    config (see defense_configs)."""
     runs, seen = [], set()
-    for d, p in [BASELINE, *defenses]:
-        uid = utility_id(cfg, d, p)
+    for entry in [BASELINE, *defenses]:
+        d, p, proto = entry if len(entry) == 3 else (*entry, None)
+        uid = utility_id(cfg, d, p, proto)
         if uid not in seen:
             seen.add(uid)
-            runs.append((uid, d, p))
+            runs.append((uid, d, p, proto))
     return runs
 
 
-def _work(cfg_json: str, defense: str, params: dict[str, Any]) -> dict[str, Any]:
+def _work(cfg_json: str, defense: str, params: dict[str, Any], protocol: Protocolled = None) -> dict[str, Any]:
     torch.set_num_threads(1)
-    return run_utility(UtilityConfig(**json.loads(cfg_json)), defense, params)
+    return run_utility(UtilityConfig(**json.loads(cfg_json)), defense, params, protocol=protocol)
 
 
 class _threads:
@@ -271,7 +288,7 @@ def run_utilities(
 
     _ensure_table(store)
     runs = suite_runs(cfg, defenses)
-    members = [utility_id(cfg, d, p) for d, p in defenses]
+    members = [utility_id(cfg, *(e if len(e) == 3 else (*e, None))) for e in defenses]
     store.set_meta(_META, {"baseline": runs[0][0], "members": members, "config": cfg.to_dict()})
     done = {r[0] for r in store.db.execute("SELECT utility_id FROM utility WHERE status = 'ok'")}
     todo = [r for r in runs if r[0] not in done]
@@ -280,21 +297,21 @@ def run_utilities(
     try:
         if workers <= 1 or len(todo) <= 1:
             with _threads(1):
-                for uid, d, p in todo:
-                    bar.set_postfix_str(f"{d} {_json(p)}"[:60], refresh=False)
+                for uid, d, p, proto in todo:
+                    bar.set_postfix_str(f"{label(d, proto)} {_json(p)}"[:60], refresh=False)
                     start = bar.n
-                    row = run_utility(cfg, d, p, on_round=lambda: bar.update(1))
+                    row = run_utility(cfg, d, p, on_round=lambda: bar.update(1), protocol=proto)
                     bar.update(start + cfg.rounds - bar.n)  # runs that end early or train themselves
-                    _put(store, uid, cfg, d, p, row)
+                    _put(store, uid, cfg, label(d, proto), p, row)
         else:
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-                futs = {pool.submit(_work, _json(cfg.to_dict()), d, p): (uid, d, p) for uid, d, p in todo}
+                futs = {pool.submit(_work, _json(cfg.to_dict()), d, p, proto): (uid, d, p, proto) for uid, d, p, proto in todo}
                 for fut in as_completed(futs):
-                    uid, d, p = futs[fut]
-                    _put(store, uid, cfg, d, p, fut.result())
+                    uid, d, p, proto = futs[fut]
+                    _put(store, uid, cfg, label(d, proto), p, fut.result())
                     bar.update(cfg.rounds)
     finally:
         bar.close()

@@ -48,7 +48,7 @@ from torch import nn
 from gleak.config import derive_seed
 from gleak.errors import UnsupportedCase
 from gleak.models import create_model
-from gleak.plugin import Defense, check_choice
+from gleak.plugin import check_choice
 from gleak.protocol import Protocol, Schedule, run_rounds
 from gleak.registry import register_protocol
 from gleak.secret_sharing import FixedPoint, secure_sum, sum_encoded
@@ -215,8 +215,10 @@ def train_per_participant(
     if models_only:  # the engine's equality test compares the models themselves
         return models
     accs = torch.tensor([_accuracy(m, x_test, y_test) for m in models])
+    spent = [d.privacy_spent() for d in defenses]  # each participant's accountant: full-batch steps
+    eps = max(spent) if spent and None not in spent else None
     return {"accuracy": float(accs.min()), "mean_accuracy": float(accs.mean()), "best_accuracy": float(accs.max()),
-            "participants": len(models), "iterations": config.rounds, "train_samples": len(y), "epsilon": None,
+            "participants": len(models), "iterations": config.rounds, "train_samples": len(y), "epsilon": eps,
             "path": "per-participant", "seconds": time.perf_counter() - t0}  # fmt: skip
 
 
@@ -277,7 +279,6 @@ class CGD(_ConfinedTraining):
     Also accepted as a defense (`[[defense]] name = "cgd"`), its historical spelling: CGD with no client transform.
     """
 
-    stateful = True
     conformance_params = {"iterations": 1}
 
     def __init__(

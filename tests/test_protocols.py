@@ -70,6 +70,8 @@ def test_list_protocols_and_the_legacy_defense_spelling(capsys):
     assert trial_setup(CaseConfig(), "topk", {"ratio": 0.9}) == trial_setup(CaseConfig(), "topk", {"ratio": 0.9})
     s = trial_setup(CaseConfig(protocol="secure-aggregation"), "topk", {"ratio": 0.9})
     assert (s.protocol, s.defense) == ("secure-aggregation", "topk")
+    # The defense spelling of secure aggregation had no parameters: the protocol's new ones stay out of its trial ids.
+    assert registry.check_params("defense", "secure-aggregation", {}) == {}
     s = trial_setup(CaseConfig(update="fedavg", local_steps=3, local_lr=0.05), "none", {})
     assert (s.protocol, s.protocol_params["local_steps"], s.protocol_params["local_lr"]) == ("fedavg", 3, 0.05)
 
@@ -270,3 +272,39 @@ def test_a_protocol_with_a_broken_hook_fails_check_plugin(tmp_path):
     assert failed == {"server step moves the models", "observer view well formed", "rounds run deterministically"}
     failed = {c.name for c in check_plugin("protocol", "test-undocumented-protocol") if not c.passed}
     assert failed == {"own docstring"}
+
+
+def test_server_lr_is_the_new_name_of_the_fedsgd_warm_up_step_with_the_same_trial_id():
+    from gleak.config import check_case_values
+
+    old = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(rounds=3, local_lr=0.01), 0)
+    new = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(rounds=3, server_lr=0.01), 0)
+    assert new.trial_id == old.trial_id and new.case.warmup_lr == old.case.warmup_lr == 0.01
+    other = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(rounds=3, server_lr=0.02), 0)
+    assert other.trial_id != old.trial_id
+    assert [k for k, _ in check_case_values(CaseConfig(server_lr=0.1, update="fedavg"))] == ["server_lr"]
+    assert [k for k, _ in check_case_values(CaseConfig(server_lr=0.1, local_lr=0.5))] == ["local_lr"]
+    case = dataclasses.replace(new.case, dataset="skimage", model="mlp", resolution=8)
+    a = execute(dataclasses.replace(new, case=case))
+    b = execute(dataclasses.replace(old, case=dataclasses.replace(case, server_lr=None, local_lr=0.01)))
+    assert a["mse"] == b["mse"]  # the same computation
+
+
+def test_a_protocol_named_by_the_case_trains_with_its_defense_in_utility_runs():
+    from gleak.registry import check_params
+    from gleak.utility import defense_configs, label, run_utility, utility_id
+
+    tiny = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [16]}, clients=2, rounds=3, batch_size=8)
+    case = CaseConfig(protocol="cgd", protocol_params=check_params("protocol", "cgd", {"partition": "2x1"}))
+    trials = [TrialConfig("t", "closed-form", {}, "noise", {"sigma": 0.1}, c, 0) for c in (case, CaseConfig())]
+    pair, plain = defense_configs(trials)
+    assert pair[2][0] == "cgd" and len(plain) == 2 and label("noise", pair[2]) == "cgd+noise"
+    assert utility_id(tiny, "noise", {"sigma": 0.1}) == utility_id(tiny, "noise", {"sigma": 0.1}, None) != \
+        utility_id(tiny, *pair)  # fmt: skip
+    dp = {"mode": "dp", "noise_multiplier": 1.0, "clip": 1.0}
+    row = run_utility(tiny, "noise", dp, protocol=pair[2])
+    assert row["status"] == "ok", row["error"]
+    assert '"path": "per-participant"' in row["extra"] and 0 <= row["accuracy"] <= 1
+    assert row["epsilon"] > 0  # the participants' accountants, stepped once per round
+    sa = run_utility(tiny, "topk", {"ratio": 0.5}, protocol=("secure-aggregation", {}))
+    assert sa["status"] == "ok", sa["error"]
