@@ -13,7 +13,7 @@ import math
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -63,7 +63,8 @@ def client_update(
     return fedsgd_update(model, batch, defense, rng)
 
 
-def _client_rngs(cfg: TrialConfig, tag: str):
+def _client_rngs(cfg: TrialConfig, tag: Callable[[int], str]) -> Callable[[int], list[torch.Generator]]:
+    """Round r's generator of each client, named by `tag(r)`."""
     return lambda r: [generator(cfg.seed, f"client/{i}{tag(r)}") for i in range(cfg.case.clients)]
 
 

@@ -308,3 +308,16 @@ def test_a_protocol_named_by_the_case_trains_with_its_defense_in_utility_runs():
     assert row["epsilon"] > 0  # the participants' accountants, stepped once per round
     sa = run_utility(tiny, "topk", {"ratio": 0.5}, protocol=("secure-aggregation", {}))
     assert sa["status"] == "ok", sa["error"]
+
+
+def test_the_leaderboard_ranks_a_protocol_and_its_defense_as_one_defense():
+    import json
+
+    import pandas as pd
+
+    from gleak.report import protocol_pairs
+
+    df = pd.DataFrame({"defense": ["noise", "noise", "cgd"],
+                       "case": [json.dumps(CaseConfig(protocol="cgd").to_dict()), json.dumps(CaseConfig().to_dict()),
+                                json.dumps(CaseConfig().to_dict())]})  # fmt: skip
+    assert protocol_pairs(df)["defense"].tolist() == ["cgd+noise", "noise", "cgd"]
