@@ -48,12 +48,12 @@ class SubspaceDemix(Attack):
         off it (a sample's hyperplane is exact; a plane that fits rows only roughly is not one).
     min_share: a hyperplane must hold at least this share of the rows (ReLU zeros hold about half).
     rank_tol: singular values below rank_tol times the largest are treated as zero (the span of the samples).
-    Needs the architecture (to find the first linear layer); n is the number of samples behind the update, which
-    travels with it (Update.num_samples: summed by aggregation).
+    Needs the architecture (to find the first linear layer) and "batch_size": n, the number of samples behind the
+    (summed) update, which the gate passes as Update.num_samples only to attacks granted it.
     Our own attack (no paper); see the module docstring for the argument.
     """
 
-    needs = frozenset({"architecture"})
+    needs = frozenset({"architecture", "batch_size"})
     conformance_params = {"restarts": 256}
 
     def __init__(

@@ -154,6 +154,7 @@ class Noise(Defense):
         if self.mode != "dp":
             return super().client_gradient(model, x, y, rng)
         summed = clipped_gradient_sum(model, x, y, self.clip)
+        self._noisy_steps = getattr(self, "_noisy_steps", 0) + 1  # the accountant counts what was actually taken
         std = self.z * self.clip
         return {n: (s + torch.randn(s.shape, generator=rng, dtype=s.dtype) * std) / len(x) for n, s in summed.items()}
 
@@ -166,3 +167,14 @@ class Noise(Defense):
         if self.mode != "dp":
             return None
         return dp_epsilon(self.z, sample_rate, steps, delta, self.accountant)
+
+    def reset(self) -> None:
+        self._noisy_steps = 0
+
+    def privacy_spent(self) -> float | None:
+        """Epsilon at `delta` of the noisy steps taken since `reset`, at `sample_rate` (None: 1, a client whose
+        every step uses all it holds, as in an attack trial where its batch is its data)."""
+        steps = getattr(self, "_noisy_steps", 0)
+        if self.mode != "dp" or not steps:
+            return None
+        return self.epsilon(delta=self.delta, sample_rate=self.sample_rate or 1.0, steps=steps)

@@ -21,7 +21,9 @@ if not (_Path(__file__).resolve().parent / "attacks").exists() and (_root / "att
     __path__.append(str(_root))  # type: ignore[name-defined]  # noqa: F821
 
 from gleak.errors import GleakError, InputError, UnknownPluginError, UnsupportedCase  # noqa: E402
-from gleak.registry import create, list_plugins, register_attack, register_defense, register_model  # noqa: E402
+from gleak.registry import (  # noqa: E402
+    create, list_plugins, register_attack, register_defense, register_model, register_protocol,
+)  # fmt: skip
 
 __all__ = [
     "GleakError",
@@ -33,5 +35,6 @@ __all__ = [
     "register_attack",
     "register_defense",
     "register_model",
+    "register_protocol",
     "__version__",
 ]

@@ -5,7 +5,7 @@
     gleak leaderboard DIR                                         regenerate results.csv and the leaderboards
     gleak plot DIR                                                regenerate the figures (DIR/figures/*.png)
     gleak list [attacks|defenses|models|datasets|suites] [PATTERN]
-    gleak check-plugin NAME_OR_FILE [--kind attack|defense]
+    gleak check-plugin NAME_OR_FILE [--kind attack|defense|protocol]
 
 Exit status: 0 when every trial ran, 1 when some trials failed (their rows say why), 2 on bad input (nothing run,
 nothing stored changed).
@@ -128,7 +128,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from gleak import registry
 
     what = args.what
-    if what in ("attacks", "defenses", "models", "attack", "defense", "model"):
+    if what in ("attacks", "defenses", "protocols", "models", "attack", "defense", "protocol", "model"):
         kind = what.rstrip("s")
         names = registry.list_plugins(kind, args.pattern)
         width = max((len(n) for n in names), default=0)
@@ -151,7 +151,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             desc = (meta.get("description") or "").strip().splitlines()
             print(f"{name[:-5]:<20} {desc[0] if desc else ''}")
     else:
-        raise InputError(f"gleak list: unknown {what!r} (attacks, defenses, models, datasets, suites)")
+        raise InputError(f"gleak list: unknown {what!r} (attacks, defenses, protocols, models, datasets, suites)")
     return EXIT_OK
 
 
@@ -161,12 +161,16 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
 
     target = args.target
     if target.endswith(".py") or Path(target).is_file():
-        pairs = [p for p in registry.load_plugin_file(target) if p[0] in ("attack", "defense")]
+        pairs = [p for p in registry.load_plugin_file(target) if p[0] in ("attack", "defense", "protocol")]
+        # A protocol registered as a defense too (as_defense) is checked once, as the protocol.
+        pairs = [p for p in pairs if not (p[0] == "defense" and registry.plugin_info("defense", p[1]).protocol)]
         if not pairs:
-            raise InputError(f"{target}: registers no attack or defense")
+            raise InputError(f"{target}: registers no attack, defense or protocol")
     else:
-        kinds = [args.kind] if args.kind else ["attack", "defense"]
+        kinds = [args.kind] if args.kind else ["attack", "defense", "protocol"]
         pairs = [(k, target) for k in kinds if target in registry.list_plugins(k)]
+        if not args.kind and ("protocol", target) in pairs:  # cgd is both: check it once, as the protocol
+            pairs = [p for p in pairs if p[0] != "defense"]
         if not pairs:
             import difflib
 
@@ -213,14 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("dir")
     pl.set_defaults(func=cmd_plot)
 
-    ls = sub.add_parser("list", help="list attacks, defenses, models, datasets or suites")
+    ls = sub.add_parser("list", help="list attacks, defenses, protocols, models, datasets or suites")
     ls.add_argument("what", nargs="?", default="attacks")
     ls.add_argument("pattern", nargs="?", default="*", help="shell-style wildcard, e.g. '*dlg*'")
     ls.set_defaults(func=cmd_list)
 
     cp = sub.add_parser("check-plugin", help="conformance check of a plugin (a registered name or a .py file)")
     cp.add_argument("target")
-    cp.add_argument("--kind", choices=["attack", "defense"])
+    cp.add_argument("--kind", choices=["attack", "defense", "protocol"])
     cp.set_defaults(func=cmd_check_plugin)
     return p
 

@@ -32,8 +32,10 @@ class CaseConfig:
     clients: int = 1  # clients in the attacked round; the victim is client 0
     update: Literal["fedsgd", "fedavg"] = "fedsgd"
     local_steps: int = 1  # fedavg only
-    local_lr: float = 0.1  # SGD step: fedavg's local steps; in warm-up rounds also the server's step on FedSGD gradients
+    local_lr: float = 0.1  # fedavg's local SGD step (deprecated meaning, FedSGD cases: the warm-up server step)
     rounds: int = 0  # warm-up rounds the clients train under the defense before the attacked round
+    # The server's step on the mean FedSGD gradient in warm-up rounds (None: local_lr, its historical spelling).
+    server_lr: float | None = None
     # The attacked model (gleak.pretrain): "untrained" (fresh init from the trial seed) or "trained" first for
     # train_steps SGD steps on the case's training split; one trained model per case, whatever the trial seed.
     model_state: Literal["untrained", "trained"] = "untrained"
@@ -42,18 +44,30 @@ class CaseConfig:
     train_batch_size: int = 32
     train_seed: int = 0
     model_mode: Literal["train", "eval"] = "train"  # BatchNorm statistics when the client computes its update
+    # The round protocol (a gleak.protocol.Protocol plugin) and its parameters; "fedsgd" unless named (or selected
+    # by the legacy keys: update = "fedavg", or a protocol named as a defense such as [[defense]] name = "cgd").
+    protocol: str = "fedsgd"
+    protocol_params: dict[str, Any] = field(default_factory=dict)
 
     # Fields added after TRIAL_FORMAT 1: part of a trial's identity only when set, so existing trial ids stay valid.
     LATER_FIELDS: ClassVar[dict[str, Any]] = {
         "rounds": 0, "model_state": "untrained", "train_steps": 500, "train_lr": 0.01, "train_batch_size": 32,
-        "train_seed": 0, "model_mode": "train",
+        "train_seed": 0, "model_mode": "train", "protocol": "fedsgd", "protocol_params": {}, "server_lr": None,
     }
+
+    @property
+    def warmup_lr(self) -> float:
+        """The server's step in warm-up rounds: server_lr, else local_lr (its historical spelling)."""
+        return self.local_lr if self.server_lr is None else self.server_lr
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def identity(self) -> dict[str, Any]:
         d = self.to_dict()
+        if d["server_lr"] is not None and d["update"] == "fedsgd":
+            # server_lr is the new name of what local_lr meant in a FedSGD case: the same trial, the same id.
+            d["local_lr"], d["server_lr"] = d["server_lr"], None
         return {k: v for k, v in d.items() if k not in self.LATER_FIELDS or v != self.LATER_FIELDS[k]}
 
 
@@ -75,6 +89,13 @@ def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
         problems.append(("local_steps", f"must be >= 1, got {case.local_steps}"))
     if case.rounds < 0:
         problems.append(("rounds", f"must be >= 0, got {case.rounds}"))
+    if case.server_lr is not None:
+        if not case.server_lr > 0:
+            problems.append(("server_lr", f"must be > 0, got {case.server_lr}"))
+        elif case.update != "fedsgd":
+            problems.append(("server_lr", "applies to FedSGD warm-up rounds (FedAvg's server applies the mean delta)"))
+        elif case.local_lr != CaseConfig.local_lr:
+            problems.append(("local_lr", "in a FedSGD case local_lr is the old name of server_lr: set server_lr only"))
     if case.train_steps < 1 or case.train_batch_size < 1 or case.train_lr <= 0:
         key = "train_steps" if case.train_steps < 1 else "train_batch_size" if case.train_batch_size < 1 else "train_lr"
         problems.append((key, f"must be > 0, got {getattr(case, key)}"))
@@ -92,14 +113,20 @@ class TrialConfig:
     seed: int
 
     def identity(self) -> dict[str, Any]:
-        """What the trial computes: everything but the suite's name."""
+        """What the trial computes: everything but the suite's name. Plugin names enter as their identity names,
+        so that a renamed plugin (registered with its old name as an alias) keeps its trials' ids."""
+        from gleak.registry import identity_name  # the registry does not import this module
+
+        case = self.case.identity()
+        if "protocol" in case:
+            case["protocol"] = identity_name("protocol", case["protocol"])
         return {
             "format": TRIAL_FORMAT,
-            "attack": self.attack,
+            "attack": identity_name("attack", self.attack),
             "attack_params": self.attack_params,
-            "defense": self.defense,
+            "defense": identity_name("defense", self.defense),
             "defense_params": self.defense_params,
-            "case": self.case.identity(),
+            "case": case,
             "seed": self.seed,
         }
 

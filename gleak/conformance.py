@@ -1,10 +1,16 @@
-"""`gleak check-plugin`: a conformance check for attacks and defenses (in the spirit of scikit-learn's
-check_estimator). Every built-in plugin passes it in the tests.
+"""`gleak check-plugin`: a conformance check for attacks, defenses and protocols (in the spirit of scikit-learn's
+check_estimator). Every built-in plugin passes it in the tests, one pytest id per (plugin, check), as scikit-learn's
+parametrize_with_checks does: the names of each kind's checks are listed in CHECK_NAMES.
 
-Attacks: metadata, a supported standard case, output shapes and dtypes, determinism under a seed, no mutation of
-the observation or of the model it is given, and only UnsupportedCase (never another exception) on cases it cannot
-handle. Defenses: metadata, layout and dtype preserved, determinism, no mutation, finite output on an all-zero
-update and on tiny tensors, and a well-formed observer view for several clients.
+Every kind: its own docstring (not only its base class's), parameters with defaults and types.
+Attacks: a supported standard case, output shapes and dtypes, determinism under a seed, no mutation of the
+observation or of the model it is given, and only UnsupportedCase (never another exception) on cases it cannot
+handle. Defenses: layout and dtype preserved, determinism, no mutation, finite output on an all-zero update and on
+tiny tensors, a well-formed client gradient, and no round hooks (those are a Protocol's: a defense that defines
+`observe` would be silently ignored). Protocols: every method on a small MLP with three clients: the clients'
+models (ownership: the server's model untouched), a client's update, the observer's view and model, the server's
+step (new models that moved, the old ones untouched), two rounds of run_rounds (deterministic under a seed) and a
+utility run.
 """
 from __future__ import annotations
 
@@ -19,9 +25,25 @@ from gleak import registry
 from gleak.config import CaseConfig, TrialConfig, derive_seed, generator
 from gleak.errors import UnsupportedCase
 from gleak.models import create_model
-from gleak.plugin import Attack
-from gleak.threat import KNOWLEDGE, Observation, Update
-from gleak.trial import DTYPES, attacker_knowledge, client_update, draw_batches, load_case_data, observer_model
+from gleak.gate import attacker_knowledge, observation
+from gleak.plugin import Attack, Defense, Plugin
+from gleak.threat import KNOWLEDGE, ClientBatch, Update
+from gleak.trial import DTYPES, client_update, draw_batches, load_case_data
+
+CHECK_NAMES = {
+    "attack": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
+               "needs names known knowledge", "unsupported cases raise UnsupportedCase only", "supports a standard case",
+               "output shapes and dtypes", "deterministic under a seed", "does not mutate the observation",
+               "prepare does not modify the model in place"],
+    "defense": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
+                "layout and dtype preserved", "deterministic under a seed", "does not mutate its input",
+                "finite on zero and tiny updates", "client gradient well formed", "no round hooks"],
+    "protocol": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
+                 "client models", "client update well formed", "observer view well formed", "observer model",
+                 "server step moves the models", "rounds run deterministically", "trains for utility"],
+}  # fmt: skip
+# Methods of a Protocol that a Defense no longer has: defining one on a defense is a mistake the trial would ignore.
+ROUND_HOOKS = ("observe", "client_models", "observed_rounds", "next_models", "observer_model", "train_utility", "server_step")
 
 # Standard cases an attack is tried on; it must support at least one and fail cleanly on the others.
 CASES = (
@@ -42,9 +64,17 @@ def _tensors_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bo
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _own_doc(obj: Any) -> Check:
+    """The plugin's own docstring: a class that has none inherits its base's, which describes no paper."""
+    own = obj.__doc__ if not inspect.isclass(obj) or "__doc__" in vars(obj) else None
+    bases = {c.__doc__ for c in getattr(obj, "__mro__", ())[1:] if issubclass(c, Plugin) or c is Plugin}
+    ok = bool(own and own.strip()) and own not in bases
+    return Check("own docstring", ok, "" if ok else "the class has no docstring of its own (only its base class's)")
+
+
 def _meta_checks(kind: str, name: str) -> list[Check]:
     info = registry.plugin_info(kind, name)
-    out = [Check("docstring summary", bool(info.summary), info.summary or "the class has no docstring")]
+    out = [_own_doc(info.obj), Check("docstring summary", bool(info.summary), info.summary or "the class has no docstring")]
     required = [p.name for p in info.params.values() if p.default is inspect.Parameter.empty]
     out.append(Check("parameters have defaults", not required, ", ".join(required)))
     untyped = [p.name for p in info.params.values() if p.annotation is Any]
@@ -66,7 +96,8 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
     served = attack.prepare(model, knowledge, generator(seed, "attack-prepare"))
     prepare_mutated = not _tensors_equal(before_model, model.state_dict()) and served is model
     update = client_update(served, victim, cfg)
-    obs = Observation(update=update, knowledge=knowledge, model=observer_model(attack, served, cfg))
+    obs = observation(update, served, attack, knowledge, cfg)  # the trial's own gate
+    update = obs.update
     snap_update = {k: v.clone() for k, v in update.tensors.items()}
     snap_model = copy.deepcopy(obs.model.state_dict()) if obs.model is not None else None
     rec = attack.reconstruct(obs, generator(seed, "attack"))
@@ -177,8 +208,7 @@ def check_defense(name: str, params: dict[str, Any] | None = None) -> list[Check
     factory = lambda: registry.create("defense", name, **fast)  # noqa: E731
     checks = _meta_checks("defense", name)
     problems = {"layout and dtype preserved": [], "deterministic under a seed": [], "does not mutate its input": [],
-                "finite on zero and tiny updates": [], "observer view well formed": [],
-                "client gradient well formed": []}  # fmt: skip
+                "finite on zero and tiny updates": [], "client gradient well formed": []}  # fmt: skip
     for dtype in (torch.float32, torch.float64):
         u = _probe_update(dtype, 0)
         snap = {k: v.clone() for k, v in u.tensors.items()}
@@ -204,20 +234,161 @@ def check_defense(name: str, params: dict[str, Any] | None = None) -> list[Check
                     problems["finite on zero and tiny updates"].append(f"{label}: NaN or infinity")
             except Exception as exc:  # noqa: BLE001
                 problems["finite on zero and tiny updates"].append(f"{label}: {type(exc).__name__}: {exc}")
-        clients = [_probe_update(dtype, s) for s in range(3)]
-        ds_ = [factory() for _ in clients]
-        sent = [d.transform(c, torch.Generator().manual_seed(3)) for d, c in zip(ds_, clients)]
-        view = ds_[0].observe(sent, torch.Generator().manual_seed(4))
-        if not isinstance(view, Update) or view.names() != clients[0].names():
-            problems["observer view well formed"].append(f"{dtype}: observe() must return an Update of the same layout")
         problems["client gradient well formed"] += _client_gradient_problems(factory, dtype)
     checks += [Check(k, not v, "; ".join(v)) for k, v in problems.items()]
+    hooks = [h for h in ROUND_HOOKS if isinstance(info.obj, type) and hasattr(info.obj, h) and not hasattr(Defense, h)]
+    checks.append(Check("no round hooks", not hooks, f"{', '.join(hooks)}: a Protocol's methods, never called on a "
+                        "defense (register a protocol with register_protocol)" if hooks else ""))  # fmt: skip
     return checks
 
 
 def check_plugin(kind: str, name: str, params: dict[str, Any] | None = None) -> list[Check]:
+    """Every check of plugin `name` of `kind`. A defense that is a protocol's historical spelling (cgd) is checked
+    as the protocol it is."""
     if kind == "attack":
         return check_attack(name, params)
     if kind == "defense":
-        return check_defense(name, params)
-    raise ValueError(f"check-plugin checks attacks and defenses, not {kind!r}")
+        info = registry.plugin_info("defense", name)
+        return check_protocol(info.protocol, params) if info.protocol else check_defense(name, params)
+    if kind == "protocol":
+        return check_protocol(name, params)
+    raise ValueError(f"check-plugin checks attacks, defenses and protocols, not {kind!r}")
+
+
+# ---- protocols --------------------------------------------------------------------------------------------------
+def _probe_setup(dtype: torch.dtype = torch.float32):
+    """A small MLP and three clients' batches (the victim first)."""
+    model = create_model("mlp", (1, 4, 4), 3, seed=0, dtype=dtype, hidden=[6])
+    g = torch.Generator().manual_seed(0)
+    zero, one = torch.zeros(1), torch.ones(1)
+    batches = [ClientBatch(torch.randn(2, 1, 4, 4, generator=g, dtype=dtype), torch.tensor([i % 3, (i + 1) % 3]), zero, one)
+               for i in range(3)]  # fmt: skip
+    return model, batches
+
+
+def _layout(module: Any) -> list[tuple[str, tuple[int, ...]]]:
+    return [(n, tuple(p.shape)) for n, p in module.named_parameters()] if isinstance(module, torch.nn.Module) else []
+
+
+def _run(check: str, fn: Callable[[], str]) -> Check:
+    """A check whose body returns a problem ('' when none); an exception is a failure naming it."""
+    try:
+        problem = fn()
+    except Exception as exc:  # noqa: BLE001 - a broken hook is what this finds
+        problem = f"{type(exc).__name__}: {exc}"
+    return Check(check, not problem, problem)
+
+
+def check_protocol(name: str, params: dict[str, Any] | None = None) -> list[Check]:
+    from gleak.config import UtilityConfig
+    from gleak.protocol import Protocol, Schedule, run_rounds
+    from gleak.utility import load_utility_data
+
+    info = registry.plugin_info("protocol", name)
+    fast = {**getattr(info.obj, "conformance_params", {}), **(params or {})}
+    factory = lambda: registry.create("protocol", name, **fast)  # noqa: E731
+    checks = _meta_checks("protocol", name)
+    none = lambda: registry.create("defense", "none")  # noqa: E731
+    model, batches = _probe_setup()
+    layout = _layout(model)
+    rng = lambda s: torch.Generator().manual_seed(s)  # noqa: E731
+
+    def start() -> tuple[Protocol, list[torch.nn.Module]]:
+        p = factory()
+        if not isinstance(p, Protocol):
+            raise TypeError(f"a protocol must be a gleak.protocol.Protocol, got {type(p).__name__}")
+        p.reset()
+        return p, p.client_models(model, len(batches), rng(1))
+
+    def models_ok() -> str:
+        snap = copy.deepcopy(model.state_dict())
+        p, ms = start()
+        if len(ms) != len(batches) or any(_layout(m) != layout for m in ms):
+            return "client_models must return one module per client with the model's parameter layout"
+        if not _tensors_equal(snap, model.state_dict()):
+            return "client_models modified the server's model"
+        again = start()[1]
+        if any(not _tensors_equal(a.state_dict(), b.state_dict()) for a, b in zip(ms, again)):
+            return "two calls with the same generator differ"
+        return ""
+
+    def sent_updates(p: Protocol, ms: list[torch.nn.Module]) -> list[Update]:
+        return [p.client_update(m, b, none(), rng(10 + i)) for i, (m, b) in enumerate(zip(ms, batches))]
+
+    def update_ok() -> str:
+        p, ms = start()
+        u = sent_updates(p, ms)[0]
+        names = [n for n, q in ms[0].named_parameters() if q.requires_grad]
+        if not isinstance(u, Update) or u.names() != names:
+            return "client_update must return an Update with one tensor per trainable parameter, in model order"
+        if any(u[n].shape != q.shape or u[n].dtype != q.dtype for n, q in ms[0].named_parameters()) or not u.is_finite()[0]:
+            return "a tensor has the wrong shape or dtype, or is not finite"
+        if u.num_samples != batches[0].size:
+            return f"num_samples must be the client's batch size ({batches[0].size}), got {u.num_samples}"
+        return ""
+
+    def view_ok() -> str:
+        p, ms = start()
+        sent = sent_updates(p, ms)
+        snap = [dict((k, v.clone()) for k, v in u.tensors.items()) for u in sent]
+        view = p.observe(sent, rng(4))
+        if not isinstance(view, Update) or view.names() != sent[0].names() or not view.is_finite()[0]:
+            return "observe must return a finite Update of the clients' layout"
+        if any(not _tensors_equal(a, u.tensors) for a, u in zip(snap, sent)):
+            return "observe modified what the clients sent"
+        p2, ms2 = start()
+        if not _tensors_equal(view.tensors, p2.observe(sent_updates(p2, ms2), rng(4)).tensors):
+            return "two views with the same generator differ"
+        return ""
+
+    def held_ok() -> str:
+        p, ms = start()
+        p.observe(sent_updates(p, ms), rng(4))
+        held = p.observer_model(ms[0], ms)
+        return "" if _layout(held) == layout else "observer_model must return a module with the model's layout"
+
+    def step_ok() -> str:
+        p, ms = start()
+        sent = sent_updates(p, ms)
+        p.observe(sent, rng(4))
+        snaps = [copy.deepcopy(m.state_dict()) for m in ms]
+        new = p.server_step(ms, sent, 0.1, rng(5))
+        if len(new) != len(ms) or any(_layout(m) != layout for m in new):
+            return "server_step must return one module per client with the model's layout"
+        if any(not _tensors_equal(s, m.state_dict()) for s, m in zip(snaps, ms)):
+            return "server_step modified the models it was given (return new modules)"
+        if all(_tensors_equal(s, m.state_dict()) for s, m in zip(snaps, new)):
+            return "server_step left every model where it was (no client's model moved)"
+        return ""
+
+    def rounds_ok() -> str:
+        views = []
+        for _ in range(2):
+            p, ms = start()
+            sched = Schedule(lambda r: batches, lambda r: [rng(20 + i + 10 * r) for i in range(3)], lambda r: rng(30 + r))
+            out, seen = run_rounds(p, [none() for _ in batches], ms, 2, sched, 0.1)
+            if len(seen) != 2 or any(w.view is None for w in seen) or len(out) != len(batches):
+                return "run_rounds did not return two observed rounds and one model per client"
+            views.append(torch.cat([w.view.flat() for w in seen]))
+        if not torch.equal(*views):
+            return "two runs with the same seeds differ"
+        if p.observed_rounds() < 1:
+            return f"observed_rounds must be >= 1, got {p.observed_rounds()}"
+        return ""
+
+    def trains_ok() -> str:
+        cfg = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [8]}, resolution=8, clients=3,
+                            rounds=2, batch_size=2, lr=0.1)  # fmt: skip
+        train, test = load_utility_data(cfg)
+        out = factory().train_utility(cfg, train, test, rng(6))
+        acc = out.get("accuracy") if isinstance(out, dict) else None
+        if not isinstance(acc, float) or not 0 <= acc <= 1:
+            return f"train_utility must return {{'accuracy': float in [0, 1], ...}}, got {out!r}"[:200]
+        return ""
+
+    for check, fn in (("client models", models_ok), ("client update well formed", update_ok),
+                      ("observer view well formed", view_ok), ("observer model", held_ok),
+                      ("server step moves the models", step_ok), ("rounds run deterministically", rounds_ok),
+                      ("trains for utility", trains_ok)):  # fmt: skip
+        checks.append(_run(check, fn))
+    return checks

@@ -1,4 +1,4 @@
-"""Base classes of the two plugin kinds.
+"""Base classes of the attack and defense plugin kinds (the third kind, Protocol, is in gleak.protocol).
 
 Parameters are stored as given (scikit-learn style) and validated in ``__init__`` by the plugin itself, so that
 a suite is checked completely before any trial runs. All randomness comes from the generator passed in.
@@ -77,18 +77,17 @@ class Attack(Plugin):
 
 
 class Defense(Plugin):
-    """A client-side transform of an update, a protocol that changes what the observer sees, or both.
+    """The client side: how a client computes its gradients and what it does to its update before sending it.
 
+    client_gradient: how the client computes each gradient inside its own computation (the FedSGD update, and every
+        local step of FedAvg or a CGD participant), before `transform`. The default is the plain gradient of the mean
+        loss; DP-SGD overrides it to clip per example and add noise, and steps its accountant there.
     transform: applied by each client to its own update before sending (quantize, noise, prune). It may keep state
         across rounds (error feedback); `reset` clears it. Must not modify its input.
-    observe: given the transformed updates of all clients in a round (the victim first), return what the observer
-        sees. The default is the victim's own update (a server that sees each client's update).
-    client_gradient: how the client computes each gradient inside its own computation (the FedSGD update, and every
-        local step of FedAvg), before `transform`. The default is the plain gradient of the mean loss; DP-SGD
-        overrides it to clip per example and add noise.
-    Protocols in which clients do not share one model (CGD's confined models) or that run several observed rounds
-    also override `client_models`, `observed_rounds`, `next_models` and `observer_model`; the defaults give the usual flow:
-    one round, every client at the shared model, the observer holding that model.
+    privacy_spent / epsilon: the (epsilon, delta)-DP guarantee of what this client has done so far (its accountant,
+        stepped with the noisy steps actually taken), or of a given horizon; None where the defense defines none.
+    What the observer sees, which model each client computes at and what the server does are the round's, not the
+    client's: see gleak.protocol.Protocol.
     """
 
     stateful: ClassVar[bool] = False
@@ -104,26 +103,6 @@ class Defense(Plugin):
         extends the architecture (PRECODE's bottleneck) returns a new module. Default: unchanged."""
         return model
 
-    def observe(self, updates: list[Update], rng: torch.Generator) -> Update:
-        return updates[0]
-
-    def client_models(self, model: nn.Module, clients: int, rng: torch.Generator) -> list[nn.Module]:
-        """The model each client computes its update at (the victim first). Default: the shared model for all."""
-        return [model] * clients
-
-    def observed_rounds(self) -> int:
-        """How many rounds the observer sees (the last one is attacked, the earlier ones reach the attack as
-        `Observation.rounds`). Default 1."""
-        return 1
-
-    def next_models(self, models: list[nn.Module], rng: torch.Generator) -> list[nn.Module]:
-        """The clients' models for the next observed round, called after `observe`. Default: unchanged."""
-        return models
-
-    def observer_model(self, model: nn.Module, client_models: list[nn.Module]) -> nn.Module:
-        """The model the observer holds (its best knowledge of the parameters). Default: the shared model."""
-        return model
-
     def client_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator) -> dict[str, torch.Tensor]:
         """The client's gradient of its loss on (x, y) at the model's parameters, one tensor per trainable parameter
         (by name). Must not modify the model; randomness from `rng` (the client's own generator)."""
@@ -132,11 +111,9 @@ class Defense(Plugin):
         return batch_gradient(model, x, y)
 
     def epsilon(self, *, delta: float, sample_rate: float, steps: int) -> float | None:
-        """The (epsilon, delta)-DP guarantee of this defense where one is defined, else None."""
+        """The (epsilon, delta)-DP guarantee of `steps` steps at `sample_rate`, where one is defined, else None."""
         return None
 
-    def train_utility(self, config: Any, train: Any, test: Any, rng: torch.Generator) -> dict[str, Any] | None:
-        """Protocol defenses that replace federated training altogether (CGD's confined models) train here, given a
-        gleak.config.UtilityConfig and the train/test ImageDatasets, and return at least {"accuracy": float}.
-        The default, None, means: the standard federated loop, with `transform` on every client's update."""
+    def privacy_spent(self) -> float | None:
+        """Epsilon of the steps this client has taken since `reset` (at the defense's own delta), else None."""
         return None

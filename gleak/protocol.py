@@ -1,20 +1,27 @@
-"""How a client turns its batch into an update, and how updates travel through a defense to the observer.
+"""The round: the Protocol plugin kind, the one round loop (`run_rounds`), and how a client computes its update.
 
-FedSGD: the client sends the gradient of its mean cross-entropy loss at the global parameters.
-FedAvg: the client takes `local_steps` SGD steps and sends w_before - w_after (kind "delta").
-Every gradient a client computes goes through its defense's `client_gradient` hook (the plain mean-loss gradient by
-default; DP-SGD clips per example and adds noise there), so the trial and the utility loop share one client.
+A Protocol owns everything between the clients and the observer: which model each client computes at
+(`client_models`), what a client computes (`client_update`: FedSGD's gradient, FedAvg's local steps), what the
+observer sees of a round (`observe`) and which model it holds (`observer_model`), what the server does between
+rounds (`server_step`) and the training loop used for utility (`train_utility`). A Defense is the client side only:
+its `client_gradient` computes every gradient a client takes and its `transform` edits what the client sends.
+Built-ins live in protocols/ (installed as gleak.protocols): fedsgd (default), fedavg, secure-aggregation, cgd.
+
+`run_rounds` is the only round loop: warm-up rounds, the observed rounds of an attack trial and utility training
+all go through it, so a protocol's attack path and its training path cannot drift apart.
 """
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gleak.errors import NonFiniteUpdate
-from gleak.plugin import Defense
+from gleak.plugin import Defense, Plugin
 from gleak.threat import ClientBatch, Update
 
 
@@ -87,11 +94,6 @@ def transmit(defenses: list[Defense], updates: list[Update], rng: torch.Generato
     return sent
 
 
-def send_round(defenses: list[Defense], updates: list[Update], rng: torch.Generator) -> Update:
-    """One round on the wire: the observer sees `defenses[0].observe(transmit(...))`. The victim is client 0."""
-    return defenses[0].observe(transmit(defenses, updates, rng), rng)
-
-
 def server_step(model: nn.Module, sent: list[Update], lr: float) -> nn.Module:
     """The next global model (a new module): the server applies the mean of the clients' sent updates,
     w - lr * mean gradient (FedSGD) or w - mean delta (FedAvg: the delta already holds the local learning rate).
@@ -103,3 +105,156 @@ def server_step(model: nn.Module, sent: list[Update], lr: float) -> nn.Module:
         for n, p in trainable(new):
             p -= step * mean[n].to(p.dtype)
     return new
+
+
+# ---- the Protocol plugin kind ---------------------------------------------------------------------------------
+class Protocol(Plugin):
+    """The round between clients and observer (base class: FedSGD at one shared model, the server seeing each
+    client's update).
+
+    shared_model: True when every client computes at the model the server sends (so an active attack's prepared
+        model reaches the client). Protocols with private per-client models (CGD) set False, and an active attack
+        through them is refused rather than silently disarmed.
+    observed_rounds(): how many rounds of an attack trial the observer sees (the last is attacked, the earlier
+        ones reach the attack as Observation.rounds).
+    A protocol instance serves one run (one trial, or one utility run); `reset` starts a new one. Randomness comes
+    only from the generators passed in.
+    """
+
+    shared_model: ClassVar[bool] = True
+
+    def observed_rounds(self) -> int:
+        return 1
+
+    def reset(self) -> None:
+        """Forget the state of a previous run (called before `client_models`)."""
+
+    def client_models(self, model: nn.Module, clients: int, rng: torch.Generator) -> list[nn.Module]:
+        """The model each client computes at (the victim first), given the model the server built. Default: the
+        shared model for all."""
+        return [model] * clients
+
+    def client_update(self, model: nn.Module, batch: ClientBatch, defense: Defense, rng: torch.Generator) -> Update:
+        """What one client computes at `model` on its batch; every gradient through `defense.client_gradient`.
+        Default: FedSGD, the gradient of the mean loss."""
+        return fedsgd_update(model, batch, defense, rng)
+
+    def observe(self, sent: list[Update], rng: torch.Generator) -> Update:
+        """What the observer sees of one round, given what each client sent (the victim first). Default: the
+        victim's own update (a server that sees every client's update)."""
+        return sent[0]
+
+    def observer_model(self, model: nn.Module, client_models: list[nn.Module]) -> nn.Module:
+        """The model the observer holds (its best knowledge of the parameters the victim's update was computed
+        at), given the model the server sent and the clients' models. Default: the shared model."""
+        return model
+
+    def server_step(self, models: list[nn.Module], sent: list[Update], lr: float, rng: torch.Generator) -> list[nn.Module]:
+        """The clients' models for the next round (new modules; `models` untouched). Default: the server applies
+        the mean of what was sent at step `lr` (gleak.protocol.server_step) and every client gets the result."""
+        new = server_step(models[0], sent, lr)
+        return [new] * len(models)
+
+    def utility_lr(self, config: Any) -> float:
+        """The server step of a utility run (a gleak.config.UtilityConfig). Default: its lr."""
+        return config.lr
+
+    def train_utility(
+        self, config: Any, train: Any, test: Any, rng: torch.Generator,
+        defense: tuple[str, dict[str, Any]] = ("none", {}), on_round: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Train under this protocol with `defense` (name, params) on every client, given a UtilityConfig and the
+        train/test ImageDatasets; return at least {"accuracy": float}. Default: federated training through
+        `run_rounds` (gleak.utility.federated_training)."""
+        from gleak.utility import federated_training  # utility builds on this module
+
+        return federated_training(config, self, defense, train, test, on_round)
+
+
+@dataclass
+class Round:
+    """One round: the models the clients computed at, their updates before and after their defenses' transforms
+    (`sent`: what crossed the wire), the observer's view (None when the loop does not observe) and the model the
+    observer holds (ungated: gleak.gate decides what an attack may see of it)."""
+
+    at: list[nn.Module]
+    updates: list[Update]
+    sent: list[Update]
+    view: Update | None
+    held: nn.Module | None
+
+
+@dataclass
+class Schedule:
+    """Where round r of a run gets its inputs: the clients' batches, the clients' generators and the generator of
+    the round's wire (the defenses' transforms, the protocol's view and server step)."""
+
+    batches: Callable[[int], list[ClientBatch]]
+    client_rngs: Callable[[int], list[torch.Generator]]
+    wire_rng: Callable[[int], torch.Generator]
+
+
+def run_rounds(
+    protocol: Protocol, defenses: list[Defense], models: list[nn.Module], rounds: int, schedule: Schedule, lr: float,
+    *, observe: bool = True, step_last: bool = True, on_round: Callable[[int, list[nn.Module]], None] | None = None,
+) -> tuple[list[nn.Module], list[Round]]:  # fmt: skip
+    """The round loop. Each round r: client i computes `protocol.client_update` at models[i] on its batch, sends
+    `defenses[i].transform` of it, the observer sees `protocol.observe` of what was sent (when `observe`), and the
+    server steps the models (`protocol.server_step`; after the last round only with `step_last`).
+    Returns the clients' models after the loop and what each round put on the wire. `on_round(r, models)` is
+    called after each round's step (utility curves, progress)."""
+    seen = []
+    for r in range(rounds):
+        batches, crngs, wire = schedule.batches(r), schedule.client_rngs(r), schedule.wire_rng(r)
+        updates = [protocol.client_update(m, b, d, g) for m, b, d, g in zip(models, batches, defenses, crngs)]
+        sent = transmit(defenses, updates, wire, f"round {r + 1}: " if rounds > 1 else "")
+        view = held = None
+        if observe:
+            view = protocol.observe(sent, wire)
+            held = protocol.observer_model(models[0], models)
+        seen.append(Round(list(models), updates, sent, view, held))
+        if r < rounds - 1 or step_last:
+            models = protocol.server_step(models, sent, lr, wire)
+        if on_round is not None:
+            on_round(r, models)
+    return models, seen
+
+
+# ---- which protocol a trial runs ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setup:
+    """The round protocol of a trial and the client defense composed with it (names and full parameters)."""
+
+    protocol: str
+    protocol_params: dict[str, Any]
+    defense: str
+    defense_params: dict[str, Any]
+
+
+def trial_setup(case: Any, defense: str, defense_params: dict[str, Any]) -> Setup:
+    """The protocol and client defense of a trial (a gleak.config.CaseConfig and its [[defense]] entry).
+
+    In order: a protocol named as a defense ([[defense]] name = "cgd", the historical spelling) runs that protocol
+    with the "none" transform; else the case's `protocol` with its `protocol_params`; else the legacy case key
+    `update = "fedavg"` (with local_steps, local_lr) selects fedavg; else fedsgd. The trial's id is unaffected:
+    it hashes the suite's spelling."""
+    from gleak import registry
+    from gleak.errors import InputError, UnsupportedCase
+
+    info = registry.plugin_info("defense", defense)
+    legacy_fedavg = {"local_steps": case.local_steps, "local_lr": case.local_lr}
+    if info.protocol is not None:
+        if case.protocol != "fedsgd" or case.protocol_params:
+            raise InputError(f"defense {defense!r} is the protocol {info.protocol!r}: do not also set the case's protocol")
+        params = dict(defense_params)
+        if case.update == "fedavg":  # the legacy client computation, where the protocol has one
+            if "local_steps" not in registry.plugin_info("protocol", info.protocol).params:
+                raise UnsupportedCase(f"protocol {info.protocol!r}: participants send gradients (case update = 'fedsgd')")
+            params.update(legacy_fedavg)
+        return Setup(info.protocol, registry.check_params("protocol", info.protocol, params), "none", {})
+    if case.protocol != "fedsgd" or case.protocol_params:
+        params = registry.check_params("protocol", case.protocol, dict(case.protocol_params))
+        return Setup(registry.resolve_name("protocol", case.protocol), params, defense, defense_params)
+    if case.update == "fedavg":
+        return Setup("fedavg", registry.check_params("protocol", "fedavg", legacy_fedavg), defense, defense_params)
+    return Setup("fedsgd", {}, defense, defense_params)

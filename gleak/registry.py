@@ -10,9 +10,14 @@ Modelled on timm's model registry::
     create("attack", "my-attack", iterations=10)
     list_plugins("attack", "*dlg*")
 
-Third-party packages register through the entry-point groups ``gleak.attacks``, ``gleak.defenses`` and
-``gleak.models`` (the entry point may point at a module, which registers on import, or at a class, which is
-registered under the entry point's name). A single Python file can be loaded with `load_plugin_file`.
+Third-party packages register through the entry-point groups ``gleak.attacks``, ``gleak.defenses``,
+``gleak.protocols`` and ``gleak.models`` (the entry point may point at a module, which registers on import, or at a
+class, which is registered under the entry point's name). A single Python file can be loaded with `load_plugin_file`.
+
+Renaming a plugin: ``register_attack("new-name", aliases=("old-name",))``. The old name keeps working (with a
+DeprecationWarning) and trials keep the ids they had under it (`identity_name`: the first alias is the name trial
+ids are computed with). A protocol registered with ``as_defense=True`` can also be named as a defense
+(``[[defense]] name = "cgd"``): the suite's historical spelling, which selects that protocol with no client transform.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import pkgutil
 import sys
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -32,9 +38,11 @@ from typing import Any, Callable
 
 from gleak.errors import InputError, UnknownPluginError
 
-KINDS = ("attack", "defense", "model")
-_BUILTIN_PACKAGES = {"attack": "gleak.attacks", "defense": "gleak.defenses", "model": "gleak.models"}
-_ENTRY_POINT_GROUPS = {"attack": "gleak.attacks", "defense": "gleak.defenses", "model": "gleak.models"}
+KINDS = ("attack", "defense", "protocol", "model")
+_BUILTIN_PACKAGES = {"attack": "gleak.attacks", "defense": "gleak.defenses", "protocol": "gleak.protocols",
+                     "model": "gleak.models"}  # fmt: skip
+_ENTRY_POINT_GROUPS = {"attack": "gleak.attacks", "defense": "gleak.defenses", "protocol": "gleak.protocols",
+                       "model": "gleak.models"}  # fmt: skip
 
 
 class ParamError(InputError):
@@ -60,6 +68,10 @@ class PluginInfo:
     summary: str
     params: dict[str, Param] = field(default_factory=dict)
     source: str = "builtin"
+    # A defense entry that is a protocol's historical spelling ([[defense]] name = "cgd"): the protocol's name.
+    protocol: str | None = None
+    # The name trial ids are computed with: the oldest name of a renamed plugin, else `name`.
+    identity_name: str = ""
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params.values() if p.default is not inspect.Parameter.empty}
@@ -124,15 +136,21 @@ def check_value(tp: Any, value: Any) -> bool:
 class Registry:
     """The plugins of one kind."""
 
-    def __init__(self, kind: str, reserved: tuple[str, ...] = ()):
+    def __init__(self, kind: str, reserved: tuple[str, ...] = (), also: tuple[str, ...] = ()):
         self.kind = kind
         # Arguments the framework passes itself (a model's input_shape and num_classes): never set by a user.
         self.reserved = reserved
+        # Kinds whose discovery can add entries here (protocols registered as defenses too).
+        self.also = also
         self._plugins: dict[str, PluginInfo] = {}
+        self._aliases: dict[str, str] = {}  # deprecated name -> current name
         self._discovered = False
 
     # -- registration -------------------------------------------------------------------------------------
-    def register(self, name: str | None = None, *, summary: str | None = None, source: str = "builtin"):
+    def register(
+        self, name: str | None = None, *, summary: str | None = None, source: str = "builtin",
+        aliases: tuple[str, ...] = (), protocol: str | None = None, set_name: bool = True,
+    ):  # fmt: skip
         def deco(obj):
             key = name or getattr(obj, "name", None) or obj.__name__.lower()
             if key in self._plugins and self._plugins[key].obj is not obj:
@@ -143,13 +161,19 @@ class Registry:
                     getattr(obj, "__module__", None),
                 ):
                     raise InputError(f"{self.kind} {key!r} is registered twice ({old!r} and {obj!r})")
+            for old in aliases:
+                if old in self._plugins:
+                    raise InputError(f"{self.kind} alias {old!r} of {key!r} is already a registered {self.kind}")
+                self._aliases[old] = key
             self._plugins[key] = PluginInfo(
-                self.kind, key, obj, summary or _summary(obj), _signature_params(obj), source
+                self.kind, key, obj, summary or _summary(obj), _signature_params(obj), source, protocol,
+                aliases[0] if aliases else key,
             )
-            try:
-                obj.registered_name = key
-            except (AttributeError, TypeError):
-                pass
+            if set_name:
+                try:
+                    obj.registered_name = key
+                except (AttributeError, TypeError):
+                    pass
             return obj
 
         return deco
@@ -159,6 +183,8 @@ class Registry:
         if self._discovered:
             return
         self._discovered = True
+        for other in self.also:
+            _REGISTRIES[other].discover()
         pkg_name = _BUILTIN_PACKAGES[self.kind]
         pkg = importlib.import_module(pkg_name)
         if hasattr(pkg, "__path__"):
@@ -180,8 +206,24 @@ class Registry:
         self.discover()
         return sorted(n for n in self._plugins if fnmatch.fnmatch(n, pattern))
 
-    def info(self, name: str) -> PluginInfo:
+    def resolve(self, name: str) -> str:
+        """The current name of `name` (a deprecated alias warns and maps to its plugin's current name)."""
         self.discover()
+        if name in self._aliases and name not in self._plugins:
+            new = self._aliases[name]
+            warnings.warn(f"{self.kind} {name!r} is deprecated: it is now called {new!r}", DeprecationWarning, stacklevel=3)
+            return new
+        return name
+
+    def identity_name(self, name: str) -> str:
+        """The name a trial's id is computed with (unchanged by a rename); unknown names map to themselves."""
+        self.discover()
+        name = self._aliases.get(name, name) if name not in self._plugins else name
+        info = self._plugins.get(name)
+        return info.identity_name if info is not None else name
+
+    def info(self, name: str) -> PluginInfo:
+        name = self.resolve(name)
         if name not in self._plugins:
             close = difflib.get_close_matches(name, list(self._plugins), n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
@@ -228,7 +270,8 @@ class Registry:
 
 _REGISTRIES = {
     "attack": Registry("attack"),
-    "defense": Registry("defense"),
+    "defense": Registry("defense", also=("protocol",)),  # protocols registered as defenses (cgd) appear there
+    "protocol": Registry("protocol"),
     "model": Registry("model", reserved=("input_shape", "num_classes")),
 }
 
@@ -250,13 +293,47 @@ def register_defense(name: str | None = None, **kw: Any):
     return _REGISTRIES["defense"].register(name, **kw)
 
 
+def register_protocol(
+    name: str | None = None, *, as_defense: bool = False, defense_params: tuple[str, ...] | None = None, **kw: Any
+):  # fmt: skip
+    """Class decorator: register a protocol (a gleak.protocol.Protocol) under a short kebab-case name.
+
+    as_defense: also accept the name as a defense (``[[defense]] name = NAME``), which selects this protocol with no
+    client transform; the leaderboard ranks it as a defense, and its trial ids are those that spelling always had.
+    defense_params: the parameters that spelling accepts (None: all). A parameter a protocol gained after its
+    defense spelling existed must stay out of it, or its default would enter every such trial's id."""
+
+    def deco(obj):
+        _REGISTRIES["protocol"].register(name, **kw)(obj)
+        if as_defense:
+            key = name or obj.registered_name
+            reg = _REGISTRIES["defense"]
+            reg.register(key, protocol=key, set_name=False, source="protocol", aliases=kw.get("aliases", ()))(obj)
+            if defense_params is not None:
+                info = reg._plugins[key]
+                info.params = {k: v for k, v in info.params.items() if k in defense_params}
+        return obj
+
+    return deco
+
+
+def resolve_name(kind: str, name: str) -> str:
+    """The current name of plugin `name` of `kind` (a deprecated alias warns and maps to it)."""
+    return _registry(kind).resolve(name)
+
+
+def identity_name(kind: str, name: str) -> str:
+    """The name trial ids are computed with for plugin `name` of `kind` (a renamed plugin keeps its old ids)."""
+    return _registry(kind).identity_name(name)
+
+
 def register_model(name: str | None = None, **kw: Any):
     """Decorator for a model factory ``f(input_shape, num_classes, **params) -> nn.Module``."""
     return _REGISTRIES["model"].register(name, **kw)
 
 
 def create(kind: str, name: str, *args: Any, **params: Any) -> Any:
-    """Build the plugin `name` of `kind` ('attack', 'defense' or 'model') with `params` over its defaults."""
+    """Build the plugin `name` of `kind` ('attack', 'defense', 'protocol' or 'model') with `params` over its defaults."""
     return _registry(kind).create(name, *args, **params)
 
 

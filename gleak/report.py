@@ -52,8 +52,21 @@ def _s(v: Any) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
+def protocol_pairs(df: pd.DataFrame) -> pd.DataFrame:
+    """A trial whose case names a protocol (`[case] protocol = "cgd"`) is ranked as the defense 'PROTOCOL+DEFENSE'
+    (the pair is what protects the client); the older spelling `[[defense]] name = "cgd"` already names it."""
+    if "case" not in df.columns or df.empty:
+        return df
+    protocols = df["case"].map(lambda s: (json.loads(s) if isinstance(s, str) and s else {}).get("protocol", "fedsgd"))
+    named = protocols != "fedsgd"
+    if named.any():
+        df = df.copy()
+        df.loc[named, "defense"] = protocols[named] + "+" + df.loc[named, "defense"].astype(str)
+    return df
+
+
 def results_frame(store: Store) -> pd.DataFrame:
-    df = store.frame()
+    df = protocol_pairs(store.frame())
     for c in CSV_COLUMNS:
         if c not in df.columns:
             df[c] = None

@@ -1,7 +1,8 @@
 """Suites: TOML files that describe a grid of trials. Parsed, validated completely, then expanded.
 
     [suite]                      name, seeds (a list, or N for 0..N-1), description, save_images
-    [case]                       keys of gleak.config.CaseConfig; a list value expands the grid
+    [case]                       keys of gleak.config.CaseConfig; a list value expands the grid; `protocol` names
+                                 the round protocol (fedsgd by default) and `protocol_params` its parameters
     [[attack]] / [[defense]]     name plus parameters; a list value expands the grid
     [[grid]]                     optional sub-grids: each may override seeds, case, attack and defense
     [utility]                    optional: keys of gleak.config.UtilityConfig (accuracy under each defense)
@@ -137,6 +138,7 @@ def _plugins(kind: str, entries: Any, where: _Where, table: str) -> list[tuple[s
             raise where.error(t, "name", f"must be a string, got {name!r}")
         params = {k: v for k, v in entry.items() if k != "name"}
         try:
+            name = registry.resolve_name(kind, name)  # a renamed plugin's old name: the new one (same trial ids)
             info = registry.plugin_info(kind, name)
         except UnknownPluginError as exc:
             raise where.error(t, "name", str(exc)) from None
@@ -178,8 +180,30 @@ def _cases(raw: Any, where: _Where, table: str) -> list[CaseConfig]:
         case = CaseConfig(**point)
         for k, problem in check_case_values(case):
             raise where.error(table, k, problem)
-        cases.append(dataclasses.replace(case, model_params=_model_params(case.model, case.model_params, where, table)))
+        case = dataclasses.replace(case, model_params=_model_params(case.model, case.model_params, where, table))
+        cases.append(dataclasses.replace(case, **_protocol(case, where, table)))
     return cases
+
+
+def _protocol(case: CaseConfig, where: _Where, table: str) -> dict[str, Any]:
+    """The case's protocol (current name) and its full parameters, or an error naming the key. The default
+    (fedsgd without parameters) stays as it is, outside the trial's identity."""
+    if case.protocol == "fedsgd" and not case.protocol_params:
+        return {}
+    try:
+        name = registry.resolve_name("protocol", case.protocol)
+        registry.plugin_info("protocol", name)
+    except UnknownPluginError as exc:
+        raise where.error(table, "protocol", str(exc)) from None
+    try:
+        full = registry.check_params("protocol", name, case.protocol_params)
+        registry.create("protocol", name, **case.protocol_params)  # the plugin's own value checks
+    except registry.ParamError as exc:
+        raise where.error(table, f"protocol_params.{exc.key}" if exc.key else "protocol_params", str(exc)) from None
+    if case.update == "fedavg":
+        raise where.error(table, "update", f"'fedavg' is a protocol: with protocol = {name!r}, set its parameters in "
+                          "protocol_params (or protocol = 'fedavg')")  # fmt: skip
+    return {"protocol": name, "protocol_params": full}
 
 
 def _model_params(model: str, params: dict[str, Any], where: _Where, table: str) -> dict[str, Any]:
@@ -248,7 +272,12 @@ def _grid(spec: dict[str, Any], where: _Where, table: str, suite_name: str, seed
     attacks = _plugins("attack", spec.get("attack"), where, "attack" if table == "suite" else table)
     defenses = _plugins("defense", spec.get("defense"), where, "defense" if table == "suite" else table)
     trials = []
+    where_d = "defense" if table == "suite" else table
     for case, (a, ap), (d, dp), seed in itertools.product(cases, attacks, defenses, seeds):
+        named = registry.plugin_info("defense", d).protocol
+        if named and (case.protocol != "fedsgd" or case.protocol_params):
+            raise where.error(where_d, "name", f"defense {d!r} is the protocol {named!r}; the case also names protocol "
+                              f"{case.protocol!r}: name the protocol once")  # fmt: skip
         trials.append(TrialConfig(suite_name, a, ap, d, dp, case, seed))
     return trials
 

@@ -23,6 +23,13 @@ KNOWLEDGE = {
     "public_data": "samples from the same distribution that are not the client's (another split)",
 }
 
+# Fields a protocol may put in an update's `meta`, and the knowledge an attack needs to read each ("": a public
+# setting of the protocol, known to everyone taking part). The gate (gleak.gate) drops every other field.
+WIRE_META = {
+    "lr": "", "local_steps": "", "protocol": "", "participants": "", "colluders": "",
+    "local_batch_size": "batch_size",  # FedAvg's mini-batch size is the batch size when local steps use the whole batch
+}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class ClientBatch:
@@ -57,12 +64,13 @@ class Update:
     """What a client sends: one tensor per model parameter, keyed by parameter name in model order.
 
     kind: "gradient" (FedSGD: the gradient of the mean loss over the batch) or "delta" (FedAvg: w_before - w_after
-    after local steps). num_samples: how many samples produced it (per client; summed by aggregation).
+    after local steps). num_samples: how many samples produced it (per client; summed by aggregation); None in what
+    an attack receives unless its `needs` grant "batch_size" (gleak.gate). meta: protocol fields (WIRE_META).
     """
 
     tensors: dict[str, Tensor]
     kind: str = "gradient"
-    num_samples: int = 1
+    num_samples: int | None = 1
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[Tensor]:
@@ -105,7 +113,8 @@ class Update:
     def sum(updates: list["Update"]) -> "Update":
         first = updates[0]
         tensors = {k: torch.stack([u.tensors[k] for u in updates]).sum(0) for k in first.tensors}
-        return replace(first, tensors=tensors, num_samples=sum(u.num_samples for u in updates))
+        counts = [u.num_samples for u in updates]
+        return replace(first, tensors=tensors, num_samples=None if None in counts else sum(counts))
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,33 @@
-"""One trial, end to end. This file is the whole flow of the benchmark:
+"""One trial, end to end. This file is the whole flow of the benchmark, one way:
 
-    case (data, model, seed) -> warm-up rounds (case.rounds, under the defense) -> attack.prepare (active attacks
-    modify the model) -> client update(s)
-    -> defense (transform; protocol decides what the observer sees) -> observation -> attack.reconstruct
-    -> match + score -> row for the store
+    suite -> trial config -> case (data, model, seed) -> protocol and client defense (gleak.protocol.trial_setup)
+    -> warm-up rounds (case.rounds, run_rounds) -> attack.prepare (active attacks modify the model the server sends)
+    -> observed rounds (run_rounds: client update -> defense transform -> wire -> protocol's view)
+    -> gate (gleak.gate: the observation from the wire and the attack's needs) -> attack.reconstruct
+    -> score -> row for the store
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import math
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from gleak.config import TrialConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset, sample_indices
+from gleak.errors import UnsupportedCase
+from gleak.gate import attacker_knowledge, observation, observer_model  # noqa: F401 - observer_model: public here
 from gleak.metrics import relative_distance, score
 from gleak.plugin import Attack, Defense
 from gleak.pretrain import build_model
-from gleak.protocol import fedavg_update, fedsgd_update, send_round, server_step, transmit
+from gleak.protocol import Protocol, Schedule, fedavg_update, fedsgd_update, run_rounds, trial_setup
 from gleak.registry import create
-from gleak.threat import ClientBatch, Knowledge, Observation, Update, denormalize
+from gleak.threat import ClientBatch, Observation, Update, denormalize
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -50,61 +51,39 @@ def draw_batches(ds: ImageDataset, cfg: TrialConfig, dtype: torch.dtype, purpose
     return out
 
 
-def attacker_knowledge(attack: Attack, ds: ImageDataset, victim: ClientBatch, public: ImageDataset | None) -> Knowledge:
-    """Exactly what the attack's `needs` grant it, and nothing more."""
-    needs = attack.needs
-    return Knowledge(
-        input_shape=ds.input_shape,
-        num_classes=ds.num_classes,
-        batch_size=victim.size if "batch_size" in needs else None,
-        mean=ds.mean if "data_stats" in needs else None,
-        std=ds.std if "data_stats" in needs else None,
-        labels=victim.y.clone() if "labels" in needs else None,
-        public_x=public.normalized().to(victim.x.dtype) if public is not None else None,
-        public_y=public.y if public is not None else None,
-    )
-
-
-def observer_model(attack: Attack, model: nn.Module, cfg: TrialConfig) -> nn.Module | None:
-    """The attacker's copy of the model: structure if it needs the architecture, weights only if it needs them."""
-    if "architecture" not in attack.needs and "parameters" not in attack.needs:
-        return None
-    mine = copy.deepcopy(model)
-    if "parameters" not in attack.needs:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(cfg.seed, "attacker-guess"))
-            for m in mine.modules():
-                if hasattr(m, "reset_parameters"):
-                    m.reset_parameters()
-    return mine
-
-
 def client_update(
     model: nn.Module, batch: ClientBatch, cfg: TrialConfig, defense: Defense | None = None, client: int = 0, tag: str = ""
 ) -> Update:
-    """Client `client`'s update; its gradients come from the defense's `client_gradient` hook (plain by default),
-    which draws from the client's own generator (`tag` names the round for the warm-up rounds)."""
+    """Client `client`'s plain update under the case's legacy client computation (FedSGD, or FedAvg's local steps
+    with case.update = "fedavg"), from the client's own generator: what conformance checks and the distance of a
+    defended update to the plain one compute. Trials compute through their protocol (run_rounds)."""
     rng = generator(cfg.seed, f"client/{client}{tag}")
     if cfg.case.update == "fedavg":
         return fedavg_update(model, batch, cfg.case.local_lr, cfg.case.local_steps, defense=defense, rng=rng)
     return fedsgd_update(model, batch, defense, rng)
 
 
-def warm_up(
-    model: nn.Module, defenses: list[Defense], ds: ImageDataset, cfg: TrialConfig, attack: Attack, knowledge: Knowledge
-) -> tuple[nn.Module, tuple[Observation, ...]]:
-    """The `case.rounds` honest rounds before the attacked one: each round every client sends its defended update on
-    a fresh batch, the server applies the mean of what was sent, and stateful defenses (error feedback) carry their
-    state on. Returns the global model the attacked round starts from and what the observer saw in each round."""
-    seen = []
-    for r in range(cfg.case.rounds):
-        batches = draw_batches(ds, cfg, DTYPES[cfg.case.dtype], f"data/round-{r}")
-        updates = [client_update(model, b, cfg, d, i, f"/round-{r}") for i, (b, d) in enumerate(zip(batches, defenses))]
-        rng = generator(cfg.seed, f"defense/round-{r}")
-        sent = transmit(defenses, updates, rng)
-        seen.append(Observation(defenses[0].observe(sent, rng), knowledge, observer_model(attack, model, cfg)))
-        model = server_step(model, sent, cfg.case.local_lr)
-    return model, tuple(seen)
+def _client_rngs(cfg: TrialConfig, tag: Callable[[int], str]) -> Callable[[int], list[torch.Generator]]:
+    """Round r's generator of each client, named by `tag(r)`."""
+    return lambda r: [generator(cfg.seed, f"client/{i}{tag(r)}") for i in range(cfg.case.clients)]
+
+
+def warm_up_schedule(ds: ImageDataset, cfg: TrialConfig) -> Schedule:
+    """The `case.rounds` honest rounds before the attacked one: a fresh batch per client and round, the clients'
+    and the round's own generators (so adding rounds never changes the earlier ones)."""
+    dtype = DTYPES[cfg.case.dtype]
+    return Schedule(
+        lambda r: draw_batches(ds, cfg, dtype, f"data/round-{r}"),
+        _client_rngs(cfg, lambda r: f"/round-{r}"),
+        lambda r: generator(cfg.seed, f"defense/round-{r}"),
+    )  # fmt: skip
+
+
+def observed_schedule(batches: list[ClientBatch], cfg: TrialConfig) -> Schedule:
+    """The observed rounds: every round on the clients' attacked batches (a CGD participant's whole local data);
+    the wire's generator runs on across rounds, each client draws afresh each round."""
+    wire = generator(cfg.seed, "defense")
+    return Schedule(lambda r: batches, _client_rngs(cfg, lambda r: f"/observed-{r}" if r else ""), lambda r: wire)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -125,41 +104,46 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     batches = draw_batches(ds, cfg, dtype)
     victim = batches[0]
     attack: Attack = create("attack", cfg.attack, **cfg.attack_params)
-    defenses: list[Defense] = [create("defense", cfg.defense, **cfg.defense_params) for _ in batches]
+    setup = trial_setup(cfg.case, cfg.defense, cfg.defense_params)
+    protocol: Protocol = create("protocol", setup.protocol, **setup.protocol_params)
+    defenses: list[Defense] = [create("defense", setup.defense, **setup.defense_params) for _ in batches]
     for d in defenses:
         d.reset()
+    if attack.active and not protocol.shared_model:
+        raise UnsupportedCase(f"active attack {cfg.attack!r} through protocol {setup.protocol!r}: its clients never "
+                              "compute at the model the server prepares")  # fmt: skip
     public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public)
 
     model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
     model = defenses[0].wrap_model(model, generator(cfg.seed, "defense-model"))  # PRECODE's bottleneck
-    model, history = warm_up(model, defenses, ds, cfg, attack, knowledge)
-    model = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
-
-    # The protocol decides where each client computes (CGD: its own confined model) and how many rounds are seen.
-    protocol = defenses[0]
-    rng = generator(cfg.seed, "defense")
+    protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
-    seen: list[Observation] = []
-    for r in range(protocol.observed_rounds()):
-        if r:
-            models = protocol.next_models(models, rng)
-        updates = [client_update(m, b, cfg, d, i) for i, (m, b, d) in enumerate(zip(models, batches, defenses))]
-        observed = send_round(defenses, updates, rng)
-        held = observer_model(attack, protocol.observer_model(model, models), cfg)
-        seen.append(Observation(observed, knowledge, held))
-    observation = dataclasses.replace(seen[-1], rounds=(*history, *seen[:-1]))
-    rec = attack.reconstruct(observation, generator(cfg.seed, "attack"))
+    models, warm = run_rounds(protocol, defenses, models, cfg.case.rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
+    if protocol.shared_model:  # the server sends its model; an active attack builds it (a new module)
+        models = [attack.prepare(models[0], knowledge, generator(cfg.seed, "attack-prepare"))] * len(batches)
+    models, seen = run_rounds(protocol, defenses, models, protocol.observed_rounds(), observed_schedule(batches, cfg),
+                              cfg.case.warmup_lr, step_last=False)  # fmt: skip
+    history: tuple[Observation, ...] = ()
+    for w in [*warm, *seen[:-1]]:  # every round the observer saw passes the gate
+        history = (*history, observation(w.view, w.held, attack, knowledge, cfg))
+    last = seen[-1]
+    rec = attack.reconstruct(observation(last.view, last.held, attack, knowledge, cfg, history),
+                             generator(cfg.seed, "attack"))  # fmt: skip
     if rec.x is not None and not torch.isfinite(rec.x).all():  # say so, rather than fail later in the matching
         raise FloatingPointError("the reconstruction has NaN or infinite pixels")
 
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
     scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights)
     # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
-    plain = updates[0] if type(protocol).client_gradient is Defense.client_gradient else client_update(models[0], victim, cfg)
-    scores["grad_dist"] = relative_distance(plain.flat(), observed.flat())
+    plain = last.updates[0] if type(defenses[0]).client_gradient is Defense.client_gradient else \
+        protocol.client_update(last.at[0], victim, create("defense", "none"), generator(cfg.seed, "client/0"))  # fmt: skip
+    scores["grad_dist"] = relative_distance(plain.flat(), last.view.flat())
     share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
     extra = {**model_info, **rec.extra} if share is None else {"share_psnr40": share, **model_info, **rec.extra}
+    eps = defenses[0].privacy_spent()  # the victim's accountant, stepped with the noisy steps it took
+    if eps is not None:
+        extra["epsilon"] = eps
     scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
     scores["_images"] = (victim.images(), rec_images)
     return scores

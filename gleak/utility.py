@@ -12,9 +12,11 @@ round every client draws its batch uniformly without replacement from its own sh
 batch_size x local_steps for FedAvg), computes its update through its defense's `client_gradient` hook (FedSGD: one
 gradient; FedAvg: local_steps SGD steps at lr on consecutive mini-batches, sending w_before - w_after) and sends
 `defense.transform(update)`; the server applies the mean of what the clients sent (gleak.protocol.server_step:
-FedSGD w -= lr * mean gradient; FedAvg w -= mean delta). One defense instance per client, reset once, so stateful defenses (error feedback) keep their state
-across rounds. A protocol defense that replaces federated training altogether (CGD) trains in its own
-`train_utility` and the loop is not used. Accuracy: top-1 on the whole test split after the last round.
+FedSGD w -= lr * mean gradient; FedAvg w -= mean delta). The rounds run through gleak.protocol.run_rounds, the
+loop attack trials use. One defense instance per client, reset once, so stateful defenses (error feedback) keep
+their state across rounds. The run's protocol (`utility_setup`: fedsgd, fedavg with algorithm = "fedavg", or the
+protocol a defense entry names, such as cgd) trains in its `train_utility`; CGD's is its vectorised engine.
+Accuracy: top-1 on the whole test split after the last round.
 
 Determinism: the model, the data stream and the defenses' randomness each come from a generator derived from the
 config's seed, so the undefended baseline sees exactly the same batches as every defended run: the gap in accuracy is
@@ -41,10 +43,12 @@ from gleak.config import UtilityConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset
 from gleak.models import create_model
 from gleak.plugin import Defense
-from gleak.protocol import fedavg_update, fedsgd_update, server_step, transmit
-from gleak.registry import create
+from gleak.protocol import Protocol, Schedule, Setup, run_rounds
+from gleak.registry import create, plugin_info
 from gleak.threat import ClientBatch
 
+# A run's protocol where a suite's case names one: (name, full params); None: the [utility] table's own algorithm.
+Protocolled = tuple[str, dict[str, Any]] | None
 # Bump when a change to gleak alters what an existing utility config computes, so that stored runs are not reused.
 UTILITY_FORMAT = 1
 BASELINE = ("none", {})
@@ -60,12 +64,13 @@ def _json(d: Any) -> str:
     return json.dumps(d, sort_keys=True, default=str)
 
 
-def utility_id(cfg: UtilityConfig, defense: str, params: dict[str, Any]) -> str:
-    """The key of one run: a hash of everything it computes (training config, defense, defense parameters)."""
-    blob = json.dumps(
-        {"format": UTILITY_FORMAT, "utility": cfg.to_dict(), "defense": defense, "defense_params": params},
-        sort_keys=True, separators=(",", ":"), default=str,
-    )  # fmt: skip
+def utility_id(cfg: UtilityConfig, defense: str, params: dict[str, Any], protocol: Protocolled = None) -> str:
+    """The key of one run: a hash of everything it computes (training config, defense, defense parameters, and the
+    protocol where the suite's case names one: runs without keep the ids they always had)."""
+    ident = {"format": UTILITY_FORMAT, "utility": cfg.to_dict(), "defense": defense, "defense_params": params}
+    if protocol is not None:
+        ident["protocol"] = list(protocol)
+    blob = json.dumps(ident, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -97,15 +102,34 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: in
     return right / len(y)
 
 
+def utility_setup(cfg: UtilityConfig, defense: str, params: dict[str, Any], protocol: Protocolled = None) -> Setup:
+    """The protocol and client defense of a utility run: the protocol the suite's case names (`protocol`), with the
+    defense on every client; a protocol named as a defense ([[defense]] name = "cgd") with no transform; else fedavg
+    (algorithm = "fedavg": local_steps at lr on mini-batches of batch_size) or fedsgd, with the defense."""
+    if protocol is not None:
+        return Setup(protocol[0], dict(protocol[1]), defense, params)
+    info = plugin_info("defense", defense)
+    fedavg = {"local_steps": cfg.local_steps, "local_lr": cfg.lr, "local_batch_size": cfg.batch_size}
+    if info.protocol is not None:
+        own = dict(params)
+        if cfg.algorithm == "fedavg" and "local_steps" in plugin_info("protocol", info.protocol).params:
+            own.update(fedavg)  # secure aggregation of FedAvg's deltas
+        return Setup(info.protocol, own, "none", {})
+    if cfg.algorithm == "fedavg":
+        return Setup("fedavg", fedavg, defense, params)
+    return Setup("fedsgd", {}, defense, params)
+
+
 def federated_training(
-    cfg: UtilityConfig, defense: str, params: dict[str, Any], train: ImageDataset, test: ImageDataset,
-    on_round: Callable[[], None] | None = None,
+    cfg: UtilityConfig, protocol: Protocol, defense: tuple[str, dict[str, Any]], train: ImageDataset,
+    test: ImageDataset, on_round: Callable[[], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Train under `defense` on every client's update for cfg.rounds rounds; {"accuracy", "curve"}."""
+    """Train under `protocol` with `defense` (name, params) on every client's update for cfg.rounds rounds through
+    run_rounds; {"accuracy", "curve"}."""
     dtype = torch.float32
     model = create_model(cfg.model, train.input_shape, train.num_classes, seed=derive_seed(cfg.seed, "utility-model"),
                          dtype=dtype, **cfg.model_params)  # fmt: skip
-    defenses: list[Defense] = [create("defense", defense, **params) for _ in range(cfg.clients)]
+    defenses: list[Defense] = [create("defense", defense[0], **defense[1]) for _ in range(cfg.clients)]
     for d in defenses:
         d.reset()
     model = defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model"))  # PRECODE's bottleneck
@@ -115,24 +139,27 @@ def federated_training(
     data_rng = generator(cfg.seed, "utility-data")  # the same stream for every defense: paired comparison
     defense_rng = generator(cfg.seed, "utility-defense")
     client_rngs = [generator(cfg.seed, f"utility-client/{i}") for i in range(cfg.clients)]
-    fedavg = cfg.algorithm == "fedavg"
-    per_round = cfg.batch_size * (cfg.local_steps if fedavg else 1)
+    per_round = cfg.batch_size * (cfg.local_steps if cfg.algorithm == "fedavg" else 1)
     marks = {math.ceil(cfg.rounds * k / CURVE_POINTS) for k in range(1, CURVE_POINTS + 1)}
-    curve = []
-    for r in range(1, cfg.rounds + 1):
-        updates = []
-        for i, (d, part) in enumerate(zip(defenses, parts)):
+    curve: list[list[float]] = []
+
+    def batches(r: int) -> list[ClientBatch]:
+        out = []
+        for part in parts:
             idx = part[torch.randperm(len(part), generator=data_rng)[:per_round]]
-            batch = ClientBatch(x[idx], y[idx], train.mean, train.std)
-            if fedavg:
-                updates.append(fedavg_update(model, batch, cfg.lr, cfg.local_steps, cfg.batch_size, d, client_rngs[i]))
-            else:
-                updates.append(fedsgd_update(model, batch, d, client_rngs[i]))
-        model = server_step(model, transmit(defenses, updates, defense_rng, f"round {r}: "), cfg.lr)
-        if r in marks:
-            curve.append([r, accuracy(model, xt, yt)])
+            out.append(ClientBatch(x[idx], y[idx], train.mean, train.std))
+        return out
+
+    def after(r: int, models: list[torch.nn.Module]) -> None:
+        if r + 1 in marks:
+            curve.append([r + 1, accuracy(models[0], xt, yt)])
         if on_round is not None:
             on_round()
+
+    protocol.reset()
+    models = protocol.client_models(model, cfg.clients, generator(cfg.seed, "utility-client-models"))
+    schedule = Schedule(batches, lambda r: client_rngs, lambda r: defense_rng)
+    run_rounds(protocol, defenses, models, cfg.rounds, schedule, protocol.utility_lr(cfg), observe=False, on_round=after)
     return {"accuracy": curve[-1][1], "curve": curve}
 
 
@@ -142,13 +169,14 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_utility(
-    cfg: UtilityConfig, defense: str, params: dict[str, Any], on_round: Callable[[], None] | None = None
+    cfg: UtilityConfig, defense: str, params: dict[str, Any], on_round: Callable[[], None] | None = None,
+    protocol: Protocolled = None,
 ) -> dict[str, Any]:
     """One utility run as a row for the store. Never raises for a failing run: the row says why.
 
-    The defense's `train_utility` is asked first (a protocol such as CGD trains itself and returns at least
-    {"accuracy": float}, maybe "epsilon"); None means the standard federated loop. Epsilon: the result's own, or
-    the defense's `epsilon` for the run's delta, sampling rate and steps."""
+    The run's protocol trains (`train_utility`: the federated loop through run_rounds, or CGD's engine) and
+    returns at least {"accuracy": float}, maybe "epsilon". Epsilon: the result's own, or the client defense's
+    `epsilon` for the run's delta, sampling rate and steps."""
     t0 = time.perf_counter()
     row: dict[str, Any] = {"status": "ok", "error": None, "traceback": None, "accuracy": None, "epsilon": None}
     extra: dict[str, Any] = {}
@@ -156,14 +184,15 @@ def run_utility(
         with torch.random.fork_rng(devices=[]):  # a plugin that touches the global RNG cannot leak into the next run
             torch.manual_seed(derive_seed(cfg.seed, "utility-global"))
             train, test = load_utility_data(cfg)
-            d = create("defense", defense, **params)
-            result = d.train_utility(cfg, train, test, generator(cfg.seed, "utility-protocol"))
-            if result is None:
-                result = federated_training(cfg, defense, params, train, test, on_round)
-            else:
+            setup = utility_setup(cfg, defense, params, protocol)
+            protocol: Protocol = create("protocol", setup.protocol, **setup.protocol_params)
+            d = create("defense", setup.defense, **setup.defense_params)
+            result = protocol.train_utility(cfg, train, test, generator(cfg.seed, "utility-protocol"),
+                                            defense=(setup.defense, setup.defense_params), on_round=on_round)  # fmt: skip
+            if type(protocol).train_utility is not Protocol.train_utility:
                 extra["trained_by"] = "train_utility"
             if "accuracy" not in result:
-                raise ValueError(f"defense {defense!r}: train_utility returned no 'accuracy'")
+                raise ValueError(f"protocol {setup.protocol!r}: train_utility returned no 'accuracy'")
             q, steps = accounting(cfg, len(train))
             eps = result["epsilon"] if "epsilon" in result else d.epsilon(delta=cfg.delta, sample_rate=q, steps=steps)
         row["accuracy"] = float(result["accuracy"])
@@ -193,6 +222,11 @@ def _ensure_table(store: Any) -> None:
     store.db.execute(_SCHEMA)
 
 
+def label(defense: str, protocol: Protocolled) -> str:
+    """The defense column of a run: 'PROTOCOL+DEFENSE' where the case names a protocol (as the leaderboard ranks it)."""
+    return defense if protocol is None else f"{protocol[0]}+{defense}"
+
+
 def _put(store: Any, uid: str, cfg: UtilityConfig, defense: str, params: dict[str, Any], row: dict[str, Any]) -> None:
     rec = {"utility_id": uid, "defense": defense, "defense_params": _json(params), "dataset": cfg.dataset,
            "model": cfg.model, "config": _json(cfg.to_dict()), **{k: row.get(k) for k in
@@ -201,28 +235,34 @@ def _put(store: Any, uid: str, cfg: UtilityConfig, defense: str, params: dict[st
     store.db.execute(f"INSERT OR REPLACE INTO utility ({cols}) VALUES ({', '.join('?' for _ in rec)})", list(rec.values()))
 
 
-def defense_configs(trials: list[Any]) -> list[tuple[str, dict[str, Any]]]:
-    """The distinct (defense, params) of a suite's trials, in suite order."""
-    seen: dict[str, tuple[str, dict[str, Any]]] = {}
+def defense_configs(trials: list[Any]) -> list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], Protocolled]]:
+    """The distinct (defense, params) of a suite's trials, in suite order; (defense, params, (protocol, params))
+    for trials whose case names a protocol (the pair is trained, and ranked, as one defense)."""
+    seen: dict[str, Any] = {}
     for t in trials:
-        seen.setdefault(f"{t.defense} {_json(t.defense_params)}", (t.defense, t.defense_params))
+        named = t.case.protocol != "fedsgd" or t.case.protocol_params
+        proto = (t.case.protocol, t.case.protocol_params) if named else None
+        entry = (t.defense, t.defense_params) if proto is None else (t.defense, t.defense_params, proto)
+        seen.setdefault(_json(entry), entry)
     return list(seen.values())
 
 
-def suite_runs(cfg: UtilityConfig, defenses: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(id, defense, params) of every distinct run a suite needs: the baseline first, then each defense config."""
+def suite_runs(cfg: UtilityConfig, defenses: list[Any]) -> list[tuple[str, str, dict[str, Any], Protocolled]]:
+    """(id, defense, params, protocol) of every distinct run a suite needs: the baseline first, then each defense
+    config (see defense_configs)."""
     runs, seen = [], set()
-    for d, p in [BASELINE, *defenses]:
-        uid = utility_id(cfg, d, p)
+    for entry in [BASELINE, *defenses]:
+        d, p, proto = entry if len(entry) == 3 else (*entry, None)
+        uid = utility_id(cfg, d, p, proto)
         if uid not in seen:
             seen.add(uid)
-            runs.append((uid, d, p))
+            runs.append((uid, d, p, proto))
     return runs
 
 
-def _work(cfg_json: str, defense: str, params: dict[str, Any]) -> dict[str, Any]:
+def _work(cfg_json: str, defense: str, params: dict[str, Any], protocol: Protocolled = None) -> dict[str, Any]:
     torch.set_num_threads(1)
-    return run_utility(UtilityConfig(**json.loads(cfg_json)), defense, params)
+    return run_utility(UtilityConfig(**json.loads(cfg_json)), defense, params, protocol=protocol)
 
 
 class _threads:
@@ -249,7 +289,7 @@ def run_utilities(
 
     _ensure_table(store)
     runs = suite_runs(cfg, defenses)
-    members = [utility_id(cfg, d, p) for d, p in defenses]
+    members = [utility_id(cfg, *(e if len(e) == 3 else (*e, None))) for e in defenses]
     store.set_meta(_META, {"baseline": runs[0][0], "members": members, "config": cfg.to_dict()})
     done = {r[0] for r in store.db.execute("SELECT utility_id FROM utility WHERE status = 'ok'")}
     todo = [r for r in runs if r[0] not in done]
@@ -258,21 +298,21 @@ def run_utilities(
     try:
         if workers <= 1 or len(todo) <= 1:
             with _threads(1):
-                for uid, d, p in todo:
-                    bar.set_postfix_str(f"{d} {_json(p)}"[:60], refresh=False)
+                for uid, d, p, proto in todo:
+                    bar.set_postfix_str(f"{label(d, proto)} {_json(p)}"[:60], refresh=False)
                     start = bar.n
-                    row = run_utility(cfg, d, p, on_round=lambda: bar.update(1))
+                    row = run_utility(cfg, d, p, on_round=lambda: bar.update(1), protocol=proto)
                     bar.update(start + cfg.rounds - bar.n)  # runs that end early or train themselves
-                    _put(store, uid, cfg, d, p, row)
+                    _put(store, uid, cfg, label(d, proto), p, row)
         else:
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-                futs = {pool.submit(_work, _json(cfg.to_dict()), d, p): (uid, d, p) for uid, d, p in todo}
+                futs = {pool.submit(_work, _json(cfg.to_dict()), d, p, proto): (uid, d, p, proto) for uid, d, p, proto in todo}
                 for fut in as_completed(futs):
-                    uid, d, p = futs[fut]
-                    _put(store, uid, cfg, d, p, fut.result())
+                    uid, d, p, proto = futs[fut]
+                    _put(store, uid, cfg, label(d, proto), p, fut.result())
                     bar.update(cfg.rounds)
     finally:
         bar.close()

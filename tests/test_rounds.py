@@ -100,10 +100,10 @@ def test_error_feedback_reaches_the_attacked_round():
 
 
 def test_secure_aggregation_shows_only_the_sum():
-    d = gleak.create("defense", "secure-aggregation")
+    d = gleak.create("protocol", "secure-aggregation")
     g = torch.Generator().manual_seed(0)
     ups = [Update({"w": torch.randn(5, generator=g)}, num_samples=2) for _ in range(3)]
-    view = d.observe([d.transform(u, g) for u in ups], g)
+    view = d.observe(ups, g)
     assert torch.allclose(view["w"], sum(u["w"] for u in ups)) and view.num_samples == 6
     case = CaseConfig(dataset="skimage", model="mlp", batch_size=1, clients=4)
     alone = execute(TrialConfig("t", "closed-form", {}, "none", {}, case, 0))

@@ -13,8 +13,9 @@ from gleak.config import UtilityConfig
 from gleak.data import FASHION_MNIST_DEFAULT
 from gleak.errors import InputError
 from gleak.plugin import Defense
+from gleak.protocol import Protocol as BaseProtocol
 from gleak.suite import load_suite
-from gleak.utility import federated_training, load_utility_data, run_utility
+from gleak.utility import federated_training, load_utility_data, run_utility, utility_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_FMNIST = (FASHION_MNIST_DEFAULT / "train-images-idx3-ubyte.gz").is_file()
@@ -42,17 +43,17 @@ class Counting(Defense):
         return update
 
 
-@gleak.register_defense("test-protocol")
-class Protocol(Defense):
-    """Test defense that trains itself (as CGD does): the federated loop must not run."""
+@gleak.register_protocol("test-protocol", as_defense=True)
+class Protocol(BaseProtocol):
+    """Test protocol that trains itself (as CGD does), named as a defense: the federated loop must not run."""
 
-    transforms = 0
+    rounds = 0
 
-    def transform(self, update, rng):
-        Protocol.transforms += 1
-        return update
+    def client_update(self, model, batch, defense, rng):
+        Protocol.rounds += 1
+        return super().client_update(model, batch, defense, rng)
 
-    def train_utility(self, config, train, test, rng):
+    def train_utility(self, config, train, test, rng, defense=("none", {}), on_round=None):
         return {"accuracy": 0.5 + 0.01 * config.seed, "epsilon": 3.0, "participants": len(train)}
 
 
@@ -61,7 +62,9 @@ def test_the_defense_transforms_every_clients_update_every_round():
     for algorithm, steps in (("fedsgd", 1), ("fedavg", 3)):
         cfg = dataclasses.replace(TINY, algorithm=algorithm, local_steps=steps, clients=3, rounds=4)
         train, test = load_utility_data(cfg)
-        federated_training(cfg, "test-counting", {}, train, test)
+        setup = utility_setup(cfg, "test-counting", {})
+        protocol = gleak.create("protocol", setup.protocol, **setup.protocol_params)
+        federated_training(cfg, protocol, (setup.defense, setup.defense_params), train, test)
     assert Counting.calls == {"transform": 2 * 3 * 4, "reset": 2 * 3}
 
 
@@ -80,10 +83,10 @@ def test_the_baseline_and_a_defended_run_see_the_same_batches():
 
 
 def test_train_utility_result_is_used_and_the_loop_skipped():
-    Protocol.transforms = 0
+    Protocol.rounds = 0
     row = run_utility(dataclasses.replace(TINY, seed=2), "test-protocol", {})
     assert row["status"] == "ok", row["error"]
-    assert Protocol.transforms == 0
+    assert Protocol.rounds == 0
     assert row["accuracy"] == pytest.approx(0.52) and row["epsilon"] == 3.0
     assert json.loads(row["extra"])["participants"] == 200
 
@@ -98,7 +101,7 @@ def test_accuracy_falls_as_noise_grows_and_as_pruning_grows_on_fashion_mnist():
     """Short FedSGD runs of the 256-unit MLP (suites/defense-costs.toml runs the full 1000 rounds at 10 clients)."""
     cfg = UtilityConfig(dataset="fashion-mnist", model="mlp", clients=2, rounds=60, batch_size=32, lr=0.1)
     train, test = load_utility_data(cfg)
-    acc = lambda d, p: federated_training(cfg, d, p, train, test)["accuracy"]  # noqa: E731
+    acc = lambda d, p: federated_training(cfg, gleak.create("protocol", "fedsgd"), (d, p), train, test)["accuracy"]  # noqa: E731
     base = acc("none", {})  # 74% after 60 rounds (86% after 1000: results/defense-costs)
     noise = [acc("noise", {"sigma": s}) for s in (1e-3, 0.3)]
     prune = [acc("topk", {"ratio": r}) for r in (0.99, 0.9999)]

@@ -1,10 +1,14 @@
 """Confined Gradient Descent (seed 000: "Confined Gradient Descent: Privacy-preserving Optimization for Federated
-Learning"), as a protocol defense in attack trials and as a training protocol in utility runs.
+Learning"), a Protocol: in attack trials its rounds run through gleak.protocol.run_rounds, in utility runs it trains
+with the vectorised engine (defenses/cgd_training.py), the fast path of the same rounds.
 
 Attack trials (gleak.trial): the case's clients are the m participants (the victim is client 0), each holding its
 batch as its whole local data set (horizontal, Algorithm 1). Each participant computes its gradient at its own
 confined model w^l_1 = delta^l N(0, 1); the gradients are summed by additive secret sharing over Z_2^32
-(gleak.secret_sharing, the share protocol itself); every participant steps its own model with alpha_k times the sum.
+(gleak.secret_sharing, the share protocol itself); every participant steps its own model with alpha_k times the sum
+(`server_step`: CGD's own public schedule, not the case's server step). Warm-up rounds (case rounds > 0) are CGD
+rounds too, on fresh batches, from the same confined models. An active attack is refused (UnsupportedCase): the
+participants never compute at a model the server built, so a prepared model would be silently discarded.
 The adversary is the paper's: up to t <= m - 2 colluding participants (the last t clients) plus the aggregator.
 It sees the reconstructed sum of every iteration, knows the public step sizes and its own confined models and data,
 and so holds the honest participants' summed gradient Sum_{l honest} g^l(w^l_k, xi_l) (it subtracts its own
@@ -20,11 +24,11 @@ Utility runs (train_utility): Algorithms 1 and 2 on the [utility] data set with 
 network (model "mlp"), vectorised across participants (defenses/cgd_training.py). T = [utility] rounds, alpha =
 [utility] lr, m = `partition`; the returned accuracy is the worst evaluated confined model (the paper reports the
 worst), baseline_accuracy is centralized training (the same protocol with one participant: full-batch gradient
-descent on all the data, the same init law, T and alpha).
+descent on all the data, the same init law, T and alpha). With a client defense other than "none" (DP-SGD inside
+CGD) the run goes participant by participant through run_rounds instead (`train_per_participant`, horizontal
+partitions only): the same models as the engine on the same seed (tests/test_protocols.py), at m times the cost.
 
-Reading of Algorithm 2 (ambiguous in the paper): participant (i, j)'s first layer sees only its own feature block,
-in training (lines 7-8: z = xi_(i,j) w^(1)) and so also in prediction: each confined model is evaluated on its own
-features of the test set. Nothing in the text combines the feature groups' first layers, so none is combined here.
+Reading of Algorithm 2 (ambiguous in the paper): see defenses/cgd_training.py, whose engine decides it.
 
 Defaults: delta = 0.1 (MNIST), one delta for all (delta_high sets the range of per-participant draws, e.g. delta =
 0.001 with delta_high = 0.1), mu = 0 (fixed alpha, section 7.1), 24 fractional bits. Known deviations: the paper's
@@ -43,12 +47,14 @@ from torch import nn
 
 from gleak.config import derive_seed
 from gleak.errors import UnsupportedCase
-from gleak.plugin import Defense, check_choice
-from gleak.registry import register_defense
+from gleak.models import create_model
+from gleak.plugin import check_choice
+from gleak.protocol import Protocol, Schedule, run_rounds
+from gleak.registry import register_protocol
 from gleak.secret_sharing import FixedPoint, secure_sum, sum_encoded
-from gleak.threat import Update
+from gleak.threat import ClientBatch, Update
 
-from gleak.defenses.cgd_training import Partition, step_size, train
+from gleak.defenses.cgd_training import Partition, blocks, init_deltas, participant_init, step_size, train
 
 # The share protocol costs parties^2 ring elements per coordinate; beyond this many in all, the bit-identical sum
 # of encodings is used instead (gleak.secret_sharing.sum_encoded).
@@ -65,7 +71,7 @@ def _redraw(module: nn.Module, delta: float, rng: torch.Generator) -> nn.Module:
     return out
 
 
-class _ConfinedTraining(Defense):
+class _ConfinedTraining(Protocol):
     """Parameters and utility training shared by CGD and its local-training baseline."""
 
     _mode: str = "cgd"
@@ -87,7 +93,14 @@ class _ConfinedTraining(Defense):
     _utility_params = ("partition", "delta", "delta_high", "mu", "normalize_schedule", "grad_scale", "secure_sum",
                        "frac_bits", "train_samples", "eval_participants", "inputs", "confined")  # fmt: skip
 
-    def train_utility(self, config: Any, train_ds: Any, test_ds: Any, rng: torch.Generator) -> dict[str, Any]:
+    shared_model = False  # every participant computes at its own confined model
+
+    def train_utility(
+        self, config: Any, train_ds: Any, test_ds: Any, rng: torch.Generator,
+        defense: tuple[str, dict[str, Any]] = ("none", {}), on_round: Any = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        if defense[0] != "none":  # a client defense inside CGD: participant by participant (run_rounds)
+            return train_per_participant(self, config, train_ds, test_ds, defense)
         # Configurations that differ only in attack-trial parameters train identically: once per process.
         mine = {k: getattr(self, k) for k in self._utility_params if hasattr(self, k)}
         key = json.dumps([self._mode, mine, config.to_dict(), train_ds.name, len(train_ds)], sort_keys=True, default=str)
@@ -170,7 +183,76 @@ def _subset(ds: Any, n: int | None, seed: int, inputs: str) -> tuple[torch.Tenso
     return _features(ds, order, inputs), ds.y[order]
 
 
-@register_defense("cgd")
+def train_per_participant(
+    proto: "_ConfinedTraining", config: Any, train_ds: Any, test_ds: Any, defense: tuple[str, dict[str, Any]] = ("none", {}),
+    dtype: torch.dtype = torch.float32, models_only: bool = False,
+) -> Any:  # fmt: skip
+    """A utility run of `proto` (cgd or local-training) participant by participant through run_rounds
+    (horizontal partitions): full-batch rounds on each participant's sample block, from the engine's initial models
+    (participant_init), each participant's gradients through its defense. `models_only`: return the trained
+    models (the engine's equality test)."""
+    from gleak.registry import create
+
+    t0 = time.perf_counter()
+    part = Partition.parse(proto.partition)
+    if part.cols > 1:
+        raise UnsupportedCase("CGD's per-participant path (a client defense inside CGD) runs horizontal partitions only")
+    sizes = _mlp_sizes(config, train_ds)
+    x, y = _subset(train_ds, proto.train_samples, config.seed, proto.inputs)
+    x_test, y_test = _features(test_ds, slice(None), proto.inputs), test_ds.y
+    models, batches = initial_participants(proto, x, y, sizes, derive_seed(config.seed, "cgd"), dtype)
+    defenses = [create("defense", defense[0], **defense[1]) for _ in models]
+    for d in defenses:
+        d.reset()
+    rngs = [torch.Generator().manual_seed(derive_seed(config.seed, f"cgd/client/{i}")) for i in range(len(models))]
+    wire = torch.Generator().manual_seed(derive_seed(config.seed, "cgd/wire"))
+    proto = copy.copy(proto)  # the utility run's schedule: alpha = [utility] lr over T = [utility] rounds
+    proto.alpha, proto.iterations = config.lr, config.rounds
+    proto.reset()
+    proto._models = list(models)
+    schedule = Schedule(lambda r: batches, lambda r: rngs, lambda r: wire)
+    models, _ = run_rounds(proto, defenses, models, config.rounds, schedule, config.lr, observe=False)
+    if models_only:  # the engine's equality test compares the models themselves
+        return models
+    accs = torch.tensor([_accuracy(m, x_test, y_test) for m in models])
+    spent = [d.privacy_spent() for d in defenses]  # each participant's accountant: full-batch steps
+    eps = max(spent) if spent and None not in spent else None
+    return {"accuracy": float(accs.min()), "mean_accuracy": float(accs.mean()), "best_accuracy": float(accs.max()),
+            "participants": len(models), "iterations": config.rounds, "train_samples": len(y), "epsilon": eps,
+            "path": "per-participant", "seconds": time.perf_counter() - t0}  # fmt: skip
+
+
+def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float((model(x.to(next(model.parameters()).dtype)).argmax(1) == y).double().mean())
+
+
+def initial_participants(
+    proto: "_ConfinedTraining", x: torch.Tensor, y: torch.Tensor, sizes: list[int], seed: int,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[list[nn.Module], list[ClientBatch]]:  # fmt: skip
+    """The m = rows participants of a horizontal partition as modules and batches: participant l holds sample
+    block l of (x, y) (cgd_training.blocks, in order) and starts from the engine's initial model
+    (cgd_training.participant_init, its own delta from init_deltas), so that run_rounds and the engine train the
+    same models."""
+    part = Partition.parse(proto.partition)
+    deltas = init_deltas(part.m, proto.delta, proto.delta_high, seed)
+    models, batches = [], []
+    zero = torch.zeros(1)
+    for l, (lo, hi) in enumerate(blocks(len(y), part.rows)):
+        params = participant_init(l, sizes[0], sizes[0], sizes, float(deltas[l]), seed, torch.float64)
+        model = create_model("mlp", (sizes[0],), sizes[-1], hidden=sizes[1:-1], dtype=dtype)
+        linears = [mod for mod in model.modules() if isinstance(mod, nn.Linear)]
+        with torch.no_grad():
+            for r, lin in enumerate(linears):
+                lin.weight.copy_(params[2 * r].T.to(dtype))
+                lin.bias.copy_(params[2 * r + 1].to(dtype))
+        models.append(model)
+        batches.append(ClientBatch(x[lo:hi].to(dtype), y[lo:hi], zero, zero + 1))
+    return models, batches
+
+
+@register_protocol("cgd", as_defense=True)
 class CGD(_ConfinedTraining):
     """Confined Gradient Descent (seed 000): private confined models, summed gradients by secret sharing over Z_2^32.
 
@@ -194,9 +276,9 @@ class CGD(_ConfinedTraining):
     colluders: attack trials: t colluding participants, the last t clients (default m - 2, the paper's worst case).
     proxy: attack trials: the model the adversary holds, "colluder" (default) or "mean" (see the module docstring).
     confined: false = federated SGD with secure aggregation over the same clients (one shared model, observed).
+    Also accepted as a defense (`[[defense]] name = "cgd"`), its historical spelling: CGD with no client transform.
     """
 
-    stateful = True
     conformance_params = {"iterations": 1}
 
     def __init__(
@@ -270,44 +352,62 @@ class CGD(_ConfinedTraining):
     def observed_rounds(self) -> int:
         return self.iterations
 
-    def observe(self, updates: list[Update], rng: torch.Generator) -> Update:
-        m = len(updates)
-        t = self._colluders(m)
-        if any(u.kind != "gradient" for u in updates):
-            raise UnsupportedCase("CGD participants send gradients (case update = 'fedsgd')")
-        n = sum(u.num_samples for u in updates)
-        scale = [u.num_samples / n if self.grad_scale == "data" else 1.0 for u in updates]
-        flats = torch.stack([u.flat().to(torch.float64) * s for u, s in zip(updates, scale)])
+    def _sums(self, sent: list[Update], rng: torch.Generator | None, t: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(total, honest): the secure sum of all scaled gradients and the part of it of the first m - t (honest)
+        participants, what the t colluders recover by subtracting their own encodings. The share protocol runs
+        when `rng` is given; without it the bit-identical sum of encodings (the server's own step)."""
+        m = len(sent)
+        if any(u.kind != "gradient" for u in sent):
+            raise UnsupportedCase("CGD participants send gradients")
+        n = sum(u.num_samples for u in sent)
+        scale = [u.num_samples / n if self.grad_scale == "data" else 1.0 for u in sent]
+        flats = torch.stack([u.flat().to(torch.float64) * s for u, s in zip(sent, scale)])
         honest = m - t
         if self.secure_sum == "float":
-            total, seen = flats.sum(0), flats[:honest].sum(0)
-        else:
-            fp = FixedPoint(self.frac_bits)
-            enc = fp.encode(flats, addends=m)
-            ring = secure_sum(enc, rng) if m * m * enc.shape[1] <= SHARE_BUDGET else sum_encoded(enc)
-            # The colluders subtract their own encodings from the reconstructed sum: the honest participants' sum.
-            seen_ring = ring - sum_encoded(enc[honest:]) if t else ring
-            total, seen = fp.decode(ring), fp.decode(seen_ring)
-        dtype = updates[0].flat().dtype
-        self._sum = updates[0].with_flat(total.to(dtype))
-        meta = {"protocol": "cgd" if self.confined else "fedsgd+secure-sum", "participants": m, "colluders": t}
-        return Update(updates[0].with_flat(seen.to(dtype)).tensors, "gradient", sum(u.num_samples for u in updates[:honest]), meta)
+            return flats.sum(0), flats[:honest].sum(0)
+        fp = FixedPoint(self.frac_bits)
+        enc = fp.encode(flats, addends=m)
+        share = rng is not None and m * m * enc.shape[1] <= SHARE_BUDGET
+        ring = secure_sum(enc, rng) if share else sum_encoded(enc)
+        # The colluders subtract their own encodings from the reconstructed sum: the honest participants' sum.
+        seen_ring = ring - sum_encoded(enc[honest:]) if t else ring
+        return fp.decode(ring), fp.decode(seen_ring)
 
-    def next_models(self, models: list[nn.Module], rng: torch.Generator) -> list[nn.Module]:
-        if self._sum is None:
-            raise RuntimeError("next_models before observe")
+    def observe(self, sent: list[Update], rng: torch.Generator) -> Update:
+        t = self._colluders(len(sent))
+        total, seen = self._sums(sent, rng, t)
+        honest = len(sent) - t
+        dtype = sent[0].flat().dtype
+        self._sum = (sent, sent[0].with_flat(total.to(dtype)))  # the server's step uses this very sum
+        meta = {"protocol": "cgd" if self.confined else "fedsgd+secure-sum", "participants": len(sent), "colluders": t}
+        return Update(sent[0].with_flat(seen.to(dtype)).tensors, "gradient", sum(u.num_samples for u in sent[:honest]), meta)
+
+    def server_step(self, models: list[nn.Module], sent: list[Update], lr: float, rng: torch.Generator) -> list[nn.Module]:
+        """Every participant (and the adversary's proxies) steps its own model with alpha_k times the secure sum
+        (CGD's public schedule; `lr` is not used)."""
+        if self._sum is not None and self._sum[0] is sent:
+            total = self._sum[1]
+        else:
+            tot, _ = self._sums(sent, None)
+            total = sent[0].with_flat(tot.to(sent[0].flat().dtype))
+        self._sum = None
         a = step_size(self._k, self.alpha, self.mu, self.iterations, self.normalize_schedule)
         self._k += 1
-        seen: set[int] = set()
-        with torch.no_grad():
-            for mod in [*models, *self._extra]:
-                if id(mod) in seen:
-                    continue
-                seen.add(id(mod))
-                for name, p in mod.named_parameters():
-                    if p.requires_grad:
-                        p.sub_(a * self._sum[name])
-        return models
+        stepped: dict[int, nn.Module] = {}
+
+        def step(mod: nn.Module) -> nn.Module:
+            if id(mod) not in stepped:  # a model shared by several clients (confined = false) steps once
+                new = copy.deepcopy(mod)
+                with torch.no_grad():
+                    for name, p in new.named_parameters():
+                        if p.requires_grad:
+                            p.sub_(a * total[name].to(p.dtype))
+                stepped[id(mod)] = new
+            return stepped[id(mod)]
+
+        out = [step(mod) for mod in models]
+        self._models, self._extra = out, [step(mod) for mod in self._extra]
+        return out
 
     def observer_model(self, model: nn.Module, client_models: list[nn.Module]) -> nn.Module:
         if not self.confined:
@@ -318,7 +418,7 @@ class CGD(_ConfinedTraining):
         return client_models[-1] if t else self._extra[0]
 
 
-@register_defense("local-training")
+@register_protocol("local-training", as_defense=True)
 class LocalTraining(_ConfinedTraining):
     """The paper's local-training baseline (seed 000, section 7.1): each participant trains on its own data alone.
 
@@ -344,5 +444,17 @@ class LocalTraining(_ConfinedTraining):
         # Nothing is shared: no schedule decay, no secure sum; each participant steps with its own mean gradient.
         self.mu, self.normalize_schedule, self.grad_scale, self.secure_sum, self.frac_bits = 0.0, False, "local", "float", 24
 
-    def observe(self, updates: list[Update], rng: torch.Generator) -> Update:
-        return updates[0].map(lambda _, t: torch.zeros_like(t))
+    def observe(self, sent: list[Update], rng: torch.Generator) -> Update:
+        return sent[0].map(lambda _, t: torch.zeros_like(t))
+
+    def server_step(self, models: list[nn.Module], sent: list[Update], lr: float, rng: torch.Generator) -> list[nn.Module]:
+        """Each participant steps its own model with its own update (nothing is shared)."""
+        out = []
+        for mod, u in zip(models, sent):
+            new = copy.deepcopy(mod)
+            with torch.no_grad():
+                for name, p in new.named_parameters():
+                    if p.requires_grad:
+                        p.sub_(lr * u[name].to(p.dtype))
+            out.append(new)
+        return out

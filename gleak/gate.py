@@ -1,0 +1,66 @@
+"""The observation gate: the one place where what an attack receives is built.
+
+An attack's Observation is made here, and only here, from what the protocol put on the wire (its view of a round and
+the model the observer holds) and what the attack's `needs` grant (gleak.threat.KNOWLEDGE). Every field is gated:
+the knowledge, the model (a copy; weights only with "parameters"), the update's `num_samples` (the count behind the
+update: only with "batch_size", else None) and each of the update's `meta` fields (gleak.threat.WIRE_META names the
+knowledge each needs; a field it does not list never reaches an attack). Earlier rounds pass the same gate.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from gleak.config import TrialConfig, derive_seed
+from gleak.data import ImageDataset
+from gleak.plugin import Attack
+from gleak.threat import WIRE_META, ClientBatch, Knowledge, Observation, Update
+
+
+def attacker_knowledge(attack: Attack, ds: ImageDataset, victim: ClientBatch, public: ImageDataset | None) -> Knowledge:
+    """Exactly what the attack's `needs` grant it, and nothing more."""
+    needs = attack.needs
+    return Knowledge(
+        input_shape=ds.input_shape,
+        num_classes=ds.num_classes,
+        batch_size=victim.size if "batch_size" in needs else None,
+        mean=ds.mean if "data_stats" in needs else None,
+        std=ds.std if "data_stats" in needs else None,
+        labels=victim.y.clone() if "labels" in needs else None,
+        public_x=public.normalized().to(victim.x.dtype) if public is not None else None,
+        public_y=public.y if public is not None else None,
+    )
+
+
+def observer_model(attack: Attack, model: nn.Module | None, cfg: TrialConfig) -> nn.Module | None:
+    """The attacker's copy of the model: structure if it needs the architecture, weights only if it needs them."""
+    if model is None or ("architecture" not in attack.needs and "parameters" not in attack.needs):
+        return None
+    mine = copy.deepcopy(model)
+    if "parameters" not in attack.needs:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(cfg.seed, "attacker-guess"))
+            for m in mine.modules():
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+    return mine
+
+
+def gate_update(update: Update, needs: frozenset[str] | set[str]) -> Update:
+    """The update as the attack may see it: tensors and kind always, the sample count and each meta field only
+    where `needs` grant what it reveals."""
+    meta = {k: v for k, v in update.meta.items() if k in WIRE_META and (not WIRE_META[k] or WIRE_META[k] in needs)}
+    count = update.num_samples if "batch_size" in needs else None
+    return replace(update, tensors=dict(update.tensors), num_samples=count, meta=meta)
+
+
+def observation(
+    view: Update, held: nn.Module | None, attack: Attack, knowledge: Knowledge, cfg: TrialConfig,
+    rounds: tuple[Observation, ...] = (),
+) -> Observation:  # fmt: skip
+    """What the attack receives of one round: the gated view, the gated model and its knowledge (built by
+    `attacker_knowledge`), with the earlier rounds' observations (each made here too)."""
+    return Observation(gate_update(view, attack.needs), knowledge, observer_model(attack, held, cfg), rounds)

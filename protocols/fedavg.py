@@ -1,0 +1,44 @@
+"""Federated averaging (McMahan et al., AISTATS 2017, "Communication-Efficient Learning of Deep Networks from
+Decentralized Data")."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from gleak.plugin import Defense
+from gleak.protocol import Protocol, fedavg_update
+from gleak.registry import register_protocol
+from gleak.threat import ClientBatch, Update
+
+
+@register_protocol("fedavg")
+class FedAvg(Protocol):
+    """Federated averaging (McMahan et al. 2017): each client takes local SGD steps and sends w_before - w_after.
+
+    local_steps: SGD steps per round on the client's batch, in order, on mini-batches of local_batch_size (None: the
+        whole batch each step).
+    local_lr: the clients' local step size.
+    The server applies the mean of the sent deltas (server step 1, as FedAvg's weighted average with equal
+    shards). The wire carries lr, local_steps and local_batch_size in the update's meta; the observation gate
+    passes lr and local_steps (public protocol settings) and local_batch_size only to attacks granted "batch_size".
+    A case's legacy keys `update = "fedavg"`, `local_steps`, `local_lr` select this protocol.
+    """
+
+    conformance_params = {"local_steps": 2}
+
+    def __init__(self, local_steps: int = 1, local_lr: float = 0.1, local_batch_size: int | None = None):
+        if local_steps < 1:
+            raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+        if not local_lr > 0:
+            raise ValueError(f"local_lr must be > 0, got {local_lr}")
+        if local_batch_size is not None and local_batch_size < 1:
+            raise ValueError(f"local_batch_size must be >= 1, got {local_batch_size}")
+        self.local_steps, self.local_lr, self.local_batch_size = local_steps, local_lr, local_batch_size
+
+    def client_update(self, model: nn.Module, batch: ClientBatch, defense: Defense, rng: torch.Generator) -> Update:
+        return fedavg_update(model, batch, self.local_lr, self.local_steps, self.local_batch_size, defense, rng)
+
+    def utility_lr(self, config: Any) -> float:
+        return 1.0  # the server applies the mean delta as it is (the delta holds the local step size)
