@@ -104,12 +104,12 @@ def test_the_utility_loop_trains_the_wrapped_model_well_above_chance():
 
     Precode.client_gradient = spy
     try:
-        out = federated_training(cfg, "precode", {"latent": 16}, train, test)
+        out = federated_training(cfg, gleak.create("protocol", "fedsgd"), ("precode", {"latent": 16}), train, test)
     finally:
         Precode.client_gradient = real
     assert seen["bottleneck"]
     assert out["accuracy"] > 0.8 and out["curve"][0][1] < out["accuracy"] - 0.2, out["curve"]  # chance: 0.25
-    plain = federated_training(cfg, "none", {}, train, test)
+    plain = federated_training(cfg, gleak.create("protocol", "fedsgd"), ("none", {}), train, test)
     assert abs(out["accuracy"] - plain["accuracy"]) < 0.1, (out["accuracy"], plain["accuracy"])
 
 
