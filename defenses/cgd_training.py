@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gleak.config import derive_seed
+from gleak.plugin import check_choice
 from gleak.secret_sharing import FixedPoint
 
 
@@ -211,8 +212,7 @@ class ConfinedMLP:
         secure_sum: Literal["protocol", "float"] = "protocol", frac_bits: int = 24, dtype=torch.float32,
         vertical: Vertical = "vfl",
     ):  # fmt: skip
-        if vertical not in VERTICAL_READINGS:
-            raise ValueError(f"vertical must be one of {', '.join(map(repr, VERTICAL_READINGS))}, got {vertical!r}")
+        check_choice("vertical", vertical, VERTICAL_READINGS)
         self.layout, self.sizes, self.deltas, self.seed = layout, list(sizes), deltas, seed
         self.mode, self.secure_sum, self.dtype, self.vertical = mode, secure_sum, dtype, vertical
         self.fp = FixedPoint(frac_bits)
@@ -397,22 +397,29 @@ class ConfinedMLP:
         return [(acts[r][0].T @ dz[0]) * self.upper_scale for r, dz in enumerate(dzs)], [dz[0].sum(0) * self.upper_scale for dz in dzs]
 
     # -- evaluation ----------------------------------------------------------------------------------------------
-    def participant_params(self, l: int) -> list[Tensor]:
-        """Participant l's current confined model [W1 (d_j, h1), b1, W2, b2, ...] (feature padding removed)."""
+    def _own_first(self, l: int) -> tuple[Tensor, Tensor]:
+        """Participant l's own first layer (d_j, h1) and (h1,) (feature padding removed)."""
         j = int(self.group[l])
         d_j = len(self.layout.features[j])
-        init = self._init(l)
+        w1, b1 = participant_init(l, d_j, self.d, self.sizes[:2], float(self.deltas[l]), self.seed, self.dtype)
         if self.mode == "cgd":
-            w1, b1 = init[0] + self.off1[j], init[1] + self.offb1[j]
+            w1, b1 = w1 + self.off1[j], b1 + self.offb1[j]
         elif self.direct:
-            w1, b1 = init[0] + self.off1[l], init[1] + self.offb1[l]
+            w1, b1 = w1 + self.off1[l], b1 + self.offb1[l]
         else:
-            w1, b1 = init[0] + self.x[l].T @ self.coef[l], init[1] + self.offb1[l]
-        out = [w1[:d_j], b1]
+            w1, b1 = w1 + self.x[l].T @ self.coef[l], b1 + self.offb1[l]
+        return w1[:d_j], b1
+
+    def _own_upper(self, l: int) -> list[Tensor]:
+        out = []
         for r in range(len(self.upper_w)):
-            w, b = self._upper(r)
-            out += [w[l], b[l]]
+            w, b = self.upper_w[r][l], self.upper_b[r][l]
+            out += [w + self.off_w[r], b + self.off_b[r]] if self.mode == "cgd" else [w, b]
         return out
+
+    def participant_params(self, l: int) -> list[Tensor]:
+        """Participant l's current confined model [W1 (d_j, h1), b1, W2, b2, ...] (feature padding removed)."""
+        return [*self._own_first(l), *self._own_upper(l)]
 
     def model_features(self, l: int) -> Tensor:
         """The feature indices participant l's model predicts from: all of them in the vfl reading, else its own."""
@@ -425,16 +432,15 @@ class ConfinedMLP:
         the literal reading; in the vfl reading its sample block's cols first layers side by side (feature blocks
         are contiguous and in order), their biases summed."""
         if not self.vfl:
-            w1, b1 = self.participant_params(l)[:2]
-            return w1, b1
+            return self._own_first(l)
         p, i = self.layout.partition, int(self.block[l])
-        parts = [self.participant_params(j * p.rows + i)[:2] for j in range(p.cols)]
+        parts = [self._own_first(j * p.rows + i) for j in range(p.cols)]
         return torch.cat([w for w, _ in parts]), torch.stack([b for _, b in parts]).sum(0)
 
     def model_params(self, l: int) -> list[Tensor]:
         """The model participant l predicts with (and is evaluated as): [W1, b1, W2, b2, ...] on model_features(l)."""
         w1, b1 = self.first_layer(l)
-        return [w1, b1, *self.participant_params(l)[2:]]
+        return [w1, b1, *self._own_upper(l)]
 
     def evaluate(self, x_test: Tensor, y_test: Tensor, participants: Tensor) -> tuple[Tensor, Tensor]:
         """Test accuracy and loss of each listed participant's model (model_params) on its features of the test set
@@ -451,7 +457,7 @@ class ConfinedMLP:
                 w1, b1 = self.first_layer(l)
                 h1 = torch.relu(x_test[:, self.model_features(l)].to(self.dtype) @ w1 + b1)
             h = h1
-            params = self.participant_params(l)[2:]
+            params = self._own_upper(l)
             for r in range(0, len(params), 2):
                 h = h @ params[r] + params[r + 1]
                 if r < len(params) - 2:
