@@ -498,7 +498,8 @@ def reference_train(
 
     def add(values: list[Tensor]) -> Tensor:
         stacked = torch.stack([v.detach() for v in values])
-        return stacked.sum(0) if secure_sum == "float" else fixed_point_sum(stacked, fp)
+        # One participant alone (centralized training) shares nothing, so nothing is encoded.
+        return stacked.sum(0) if secure_sum == "float" or m == 1 else fixed_point_sum(stacked, fp)
 
     for alpha in alphas:
         partials = [xb @ w[0] + w[1] for w, (xb, _) in zip(models, data)]
