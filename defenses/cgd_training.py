@@ -40,8 +40,9 @@ Local training has one reading: nothing is shared, so each participant learns fr
 `reference_train` is Algorithms 1 and 2 written out participant by participant (a plain loop with autograd): the
 engine is tested equal to it.
 
-Secure sum. "protocol": each participant's gradient (and, in the vfl reading, its partial pre-activation) is
-encoded in fixed point (gleak.secret_sharing, Z_2^32, `frac_bits`), the encodings are summed exactly and decoded:
+Secure sum. "protocol": each participant's gradient (and, in the vfl reading, its partial pre-activation, with
+`preact_frac_bits` = 16 fractional bits: pre-activations need the range) is encoded in fixed point
+(gleak.secret_sharing, Z_2^32, `frac_bits`), the encodings are summed exactly and decoded:
 bit for bit what the share protocol reconstructs (tested), with the encoding-overflow check; it materialises every
 participant's gradient. "float": the plain floating-point sum (one matmul per layer), which ignores the protocol's
 rounding (at most m * 2^-(frac_bits+1) per entry).
@@ -196,6 +197,9 @@ class TrainResult:
 
 Vertical = Literal["vfl", "literal"]
 VERTICAL_READINGS = ("vfl", "literal")
+# Fractional bits of the pre-activation wire (vfl reading): pre-activations reach tens where gradients stay below
+# one, so they get 8 bits less resolution (2^-16) and 2^8 times more range than the gradients' default 24.
+PREACT_FRAC_BITS = 16
 
 
 class ConfinedMLP:
@@ -210,12 +214,13 @@ class ConfinedMLP:
         self, layout: Layout, sizes: list[int], deltas: Tensor, seed: int, *,
         mode: Literal["cgd", "local"] = "cgd", grad_scale: Literal["data", "local"] = "data",
         secure_sum: Literal["protocol", "float"] = "protocol", frac_bits: int = 24, dtype=torch.float32,
-        vertical: Vertical = "vfl",
+        vertical: Vertical = "vfl", preact_frac_bits: int = PREACT_FRAC_BITS,
     ):  # fmt: skip
         check_choice("vertical", vertical, VERTICAL_READINGS)
         self.layout, self.sizes, self.deltas, self.seed = layout, list(sizes), deltas, seed
         self.mode, self.secure_sum, self.dtype, self.vertical = mode, secure_sum, dtype, vertical
         self.fp = FixedPoint(frac_bits)
+        self.fp_preact = FixedPoint(preact_frac_bits)
         p = layout.partition
         m, s, d = layout.x.shape
         self.m, self.s, self.d = m, s, d
@@ -293,7 +298,7 @@ class ConfinedMLP:
         zc = partials.view(p.cols, p.rows, self.s, -1)
         if self.secure_sum == "float":
             return zc.sum(0)
-        return (self.fp.to_integers(zc, p.cols).sum(0) / self.fp.scale).to(self.dtype)
+        return (self.fp_preact.to_integers(zc, p.cols).sum(0) / self.fp_preact.scale).to(self.dtype)
 
     def _first_pre(self) -> Tensor:
         z = self.partial_preactivations()
@@ -470,7 +475,7 @@ class ConfinedMLP:
 def reference_train(
     x: Tensor, y: Tensor, *, partition: Partition, sizes: list[int], deltas: Tensor, seed: int, alphas: list[float],
     mode: Literal["cgd", "local"] = "cgd", vertical: Vertical = "vfl", grad_scale: Literal["data", "local"] = "data",
-    secure_sum: Literal["protocol", "float"] = "protocol", frac_bits: int = 24,
+    secure_sum: Literal["protocol", "float"] = "protocol", frac_bits: int = 24, preact_frac_bits: int = PREACT_FRAC_BITS,
 ) -> list[list[Tensor]]:  # fmt: skip
     """Algorithms 1 and 2 written out participant by participant (plain loops, autograd, float64), the reference
     the vectorised engine is tested against. Returns every participant's confined model [W1 (d_j, h1), b1, W2, ...]
@@ -496,10 +501,10 @@ def reference_train(
             models.append([t.clone().requires_grad_(True) for t in init])
             data.append((x[lo:hi, flo:fhi].to(torch.float64), y[lo:hi]))
 
-    def add(values: list[Tensor]) -> Tensor:
+    def add(values: list[Tensor], enc: FixedPoint = fp) -> Tensor:
         stacked = torch.stack([v.detach() for v in values])
         # One participant alone (centralized training) shares nothing, so nothing is encoded.
-        return stacked.sum(0) if secure_sum == "float" or m == 1 else fixed_point_sum(stacked, fp)
+        return stacked.sum(0) if secure_sum == "float" or m == 1 else fixed_point_sum(stacked, enc)
 
     for alpha in alphas:
         partials = [xb @ w[0] + w[1] for w, (xb, _) in zip(models, data)]
@@ -508,7 +513,7 @@ def reference_train(
             z = partials[l]
             if vfl:
                 i = l % rows
-                total = add([partials[j * rows + i] for j in range(cols)])
+                total = add([partials[j * rows + i] for j in range(cols)], FixedPoint(preact_frac_bits))
                 z = z + (total - z).detach()  # the received sum: its value, with this participant's own gradient
             h = torch.relu(z)
             for r in range(2, len(params), 2):
@@ -540,6 +545,7 @@ def train(
     mode: Literal["cgd", "local"] = "cgd", grad_scale: Literal["data", "local"] = "data",
     secure_sum: Literal["protocol", "float"] = "protocol", frac_bits: int = 24, eval_participants: int = 100,
     eval_every: int = 0, seed: int = 0, progress: bool = False, vertical: Vertical = "vfl",
+    preact_frac_bits: int = PREACT_FRAC_BITS,
 ) -> TrainResult:  # fmt: skip
     """Train m confined models (or m local ones) on (x, y) (flattened, normalised) and evaluate on the test set.
 
@@ -550,7 +556,7 @@ def train(
     layout = make_layout(x, y, partition)
     deltas = init_deltas(partition.m, delta, delta_high, seed)
     net = ConfinedMLP(layout, sizes, deltas, seed, mode=mode, grad_scale=grad_scale, secure_sum=secure_sum,
-                      frac_bits=frac_bits, vertical=vertical)  # fmt: skip
+                      frac_bits=frac_bits, vertical=vertical, preact_frac_bits=preact_frac_bits)  # fmt: skip
     if partition.m <= eval_participants:
         who = torch.arange(partition.m)
     else:

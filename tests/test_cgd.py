@@ -97,15 +97,15 @@ def test_a_cgd_step_moves_every_model_by_exactly_the_public_step_times_the_secur
     data = [(x[slice(*sb[l % rows]), slice(*fb[l // rows])], y[slice(*sb[l % rows])]) for l in range(part.m)]
     fp, rng = FixedPoint(24), torch.Generator().manual_seed(0)
 
-    def protocol_sum(ts):
-        return fp.decode(secure_sum(fp.encode(torch.stack([t.detach() for t in ts]), addends=len(ts)), rng))
+    def protocol_sum(ts, enc=fp):
+        return enc.decode(secure_sum(enc.encode(torch.stack([t.detach() for t in ts]), addends=len(ts)), rng))
 
     partial = [xb @ p[0] + p[1] for p, (xb, _) in zip(before, data)]
     grads = []
     for l, (p, (_, yb)) in enumerate(zip(before, data)):
         z = partial[l]
         if vertical == "vfl":  # the block's summed pre-activation, as received: a constant but for l's own part
-            z = z + (protocol_sum([partial[jj * rows + l % rows] for jj in range(cols)]) - z).detach()
+            z = z + (protocol_sum([partial[jj * rows + l % rows] for jj in range(cols)], FixedPoint(16)) - z).detach()
         loss = F.cross_entropy(_forward(p[2:], torch.relu(z)), yb, reduction="sum") / n
         g = torch.autograd.grad(loss, p)
         grads.append([t / cols if r >= 2 or (r == 1 and vertical == "vfl") else t for r, t in enumerate(g)])
