@@ -1,5 +1,6 @@
 """CGD (seed 000): the vectorised engine against a literal per-participant Algorithm 2, the defense in trials, and
 the attacks that do (and do not) get through it."""
+import json
 import math
 
 import pytest
@@ -241,3 +242,24 @@ def test_subspace_demix_recovers_every_sample_of_the_honest_sum(dp, seeds, least
     rows = [_trial("subspace-demix", dp, 3, seed=s, ap={"restarts": 512}) for s in seeds]
     assert all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
     assert sum(r["mse"] < 1e-6 for r in rows) >= least, [r["mse"] for r in rows]
+
+
+def test_utility_csv_compares_each_cgd_row_with_its_own_centralized_run(tmp_path):
+    from gleak.registry import check_params
+    from gleak.store import Store
+    from gleak.utility import run_utilities, utility_frame
+
+    cfg = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [16], "activation": "relu"}, clients=2,
+                        rounds=8, batch_size=8, lr=0.1)  # fmt: skip
+    runs = [("none", {}), ("cgd", check_params("defense", "cgd", {"partition": "2x2", "utility_seed": 1}))]
+    store = Store(tmp_path)
+    try:
+        run_utilities(cfg, runs, store, progress=False)
+        frame = utility_frame(store).set_index("defense")
+    finally:
+        store.close()
+    none, cgd = frame.loc["none"], frame.loc["cgd"]
+    assert none["baseline_accuracy"] == none["accuracy"]  # the federated baseline, as before
+    extra = json.loads(cgd["extra"])
+    assert cgd["baseline_accuracy"] == extra["baseline_accuracy"] != none["accuracy"]  # CGD's own centralized run
+    assert extra["utility_seed"] == 1 and "vertical FL" in extra["reading"]
