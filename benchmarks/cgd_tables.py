@@ -5,10 +5,13 @@ MNIST numbers (a different data set: compare the shape, not the values). Nothing
     python benchmarks/cgd_tables.py                   # prints the tables and writes results/cgd/paper_tables.md
     python benchmarks/cgd_tables.py --out results/cgd --no-write
 
-The rows are the cgd and local-training runs of the folder's utility table (gleak.utility.utility_frame, the same
-rows as utility.csv). Accuracy is the worst evaluated confined model (as the paper reports; the mean is in
-utility.csv's extra); "centralized" is each run's own baseline_accuracy: full-batch gradient descent on the same
-training samples with the same init law and schedule (the protocol with one participant).
+The rows are the cgd and local-training runs of the folder's utility table: from its results.sqlite when there is
+one (gleak.utility.utility_frame), else from its published utility.csv (the same rows), so a fresh clone can print
+the published tables. Accuracy is the worst evaluated confined model (as the paper reports) and, beside it, the mean
+over the evaluated models; a row repeated over seeds (utility_seed) shows the mean over seeds and the range.
+"centralized" is each run's own baseline_accuracy: full-batch gradient descent on the same training samples with
+the same init law and schedule (the protocol with one participant). Vertical rows name their reading of Algorithm 2
+(vfl: pre-activations summed across a sample block's feature groups; literal: each participant on its own block).
 """
 from __future__ import annotations
 
@@ -43,25 +46,46 @@ def delta_key(p: dict) -> str:
     return "random" if p.get("delta_high") is not None else str(p.get("delta", 0.1))
 
 
-def stored_runs(folder: Path) -> tuple[object, list[dict]]:
-    """The folder's utility config and its cgd / local-training runs that finished ok."""
-    store = Store.open_existing(folder)
-    try:
-        cfg, frame = utility_config(store), utility_frame(store)
-    finally:
-        store.close()
+def _frame(folder: Path):
+    """(header facts, utility frame): the store's when the folder has one, else its utility.csv."""
+    import pandas as pd
+
+    if (folder / "results.sqlite").is_file():
+        store = Store.open_existing(folder)
+        try:
+            cfg, frame = utility_config(store), utility_frame(store)
+        finally:
+            store.close()
+        if cfg is not None:
+            return f"{cfg.dataset}, model {cfg.model}, T = {cfg.rounds} full-batch iterations, alpha = {cfg.lr}", frame
+    csv = folder / "utility.csv"
+    if not csv.is_file():
+        return None, None
+    frame = pd.read_csv(csv, keep_default_na=False, na_values=[""])
+    if not len(frame):
+        return None, None
+    r = frame.iloc[0]
+    return f"{r['dataset']}, model {r['model']}, T = {r['rounds']} full-batch iterations (from {csv.name})", frame
+
+
+def stored_runs(folder: Path) -> tuple[str, list[dict]]:
+    """The folder's utility header and its cgd / local-training runs that finished ok."""
+    head, frame = _frame(folder)
     if frame is None:
-        raise SystemExit(f"{folder}: no [utility] runs stored; run `python -m gleak run suites/cgd.toml` first")
+        print(f"{folder}: no [utility] runs stored (neither results.sqlite nor utility.csv); "
+              "run `python -m gleak run suites/cgd.toml` first", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     out = []
     for _, r in frame.iterrows():
         if r["defense"] not in ("cgd", "local-training") or r["status"] != "ok":
             continue
-        params, extra = json.loads(r["defense_params"]), json.loads(r["extra"] or "{}")
+        params, extra = json.loads(r["defense_params"]), json.loads(r["extra"] if isinstance(r["extra"], str) else "{}")
         if not params.get("confined", True):  # FedSGD + secure sum (the attack comparison): not a table row
             continue
         mode = "local" if r["defense"] == "local-training" else "cgd"
-        out.append({"mode": mode, "params": params, "accuracy": float(r["accuracy"]), **{k: v for k, v in extra.items() if k != "accuracy"}})
-    return cfg, out
+        out.append({"mode": mode, "params": params, "accuracy": float(r["accuracy"]),
+                    **{k: v for k, v in extra.items() if k != "accuracy"}})  # fmt: skip
+    return head, out
 
 
 def main() -> int:
@@ -70,9 +94,8 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true", help="print only (default: also write OUT/paper_tables.md)")
     args = ap.parse_args()
     folder = Path(args.out)
-    cfg, results = stored_runs(folder)
-    lines = [f"[utility] {cfg.dataset}, model {cfg.model}, T = {cfg.rounds} full-batch iterations, alpha = {cfg.lr}; "
-             f"{len(results)} stored cgd / local-training runs (gleak run suites/cgd.toml).", ""]  # fmt: skip
+    head, results = stored_runs(folder)
+    lines = [f"[utility] {head}; {len(results)} stored cgd / local-training runs (gleak run suites/cgd.toml).", ""]
     lines += tables(results)
     text = "\n".join(lines)
     print(text)
@@ -90,46 +113,77 @@ def _part(r: dict) -> str:
     return r["params"].get("partition", "10x1")
 
 
+def _reading(r: dict) -> str:
+    """vfl / literal for a vertical cgd row (runs stored before the parameter existed were literal), '' otherwise."""
+    if r["mode"] != "cgd" or int(_part(r).split("x")[1]) == 1:
+        return ""
+    return r["params"].get("vertical", "literal")
+
+
+def _agg(rows: list[dict], key: str = "accuracy") -> tuple[float, float, float] | None:
+    """(mean, min, max) in percent over the rows (seeds) that have `key`."""
+    vals = [100 * float(r[key]) for r in rows if r.get(key) is not None]
+    return (sum(vals) / len(vals), min(vals), max(vals)) if vals else None
+
+
+def _show(a: tuple[float, float, float] | None, n: int) -> str:
+    if a is None:
+        return ""
+    return f"{a[0]:.2f}%" if n <= 1 or a[1] == a[2] else f"{a[0]:.2f}% [{a[1]:.2f}, {a[2]:.2f}]"
+
+
 def tables(results: list[dict]) -> list[str]:
-    """Markdown tables: each CGD row beside its own centralized run (same samples, delta and schedule)."""
+    """Markdown tables: each CGD configuration beside its own centralized runs (same samples, delta, schedule),
+    local training and the horizontal partition with the same number of sample blocks."""
 
-    def find(part: str, mode: str, dk: str) -> dict | None:
-        return next((r for r in results if r["mode"] == mode and _part(r) == part and delta_key(r["params"]) == dk), None)
-
-    def pct(r: dict | None, key: str = "accuracy") -> float | None:
-        return None if r is None or r.get(key) is None else 100 * float(r[key])
+    def find(part: str, mode: str, dk: str, reading: str | None = None) -> list[dict]:
+        rows = [r for r in results if r["mode"] == mode and _part(r) == part and delta_key(r["params"]) == dk
+                and (reading is None or _reading(r) == reading)]  # fmt: skip
+        # One run per seed: cgd rows that differ only in attack-trial parameters train identically.
+        return list({r["params"].get("utility_seed"): r for r in reversed(rows)}.values())[::-1]
 
     note = "Fashion-MNIST (here) vs MNIST (paper): different data sets, compare the shape, not the values."
+    seeds_note = "Several seeds: mean [min, max] over seeds (utility_seed)."
     out = []
-    for title, parts in (("Table 3 (vertical, Algorithm 2, delta 0.1)", ["10x7", "100x49"]),
-                         ("Table 8 (horizontal, Algorithm 1, delta 0.1)", ["10x1", "100x1", "1000x1"])):  # fmt: skip
-        out += [f"{title}. {note}", "",
-                "| m | samples | CGD (worst) | CGD (mean) | local (worst) | centralized | CGD - centralized | paper CGD | paper local | paper centralized |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-        for p in parts:
-            c, loc = find(p, "cgd", "0.1"), find(p, "local", "0.1")
-            cv, base = pct(c), pct(c, "baseline_accuracy")
-            gap = f"{cv - base:+.2f}" if cv is not None and base is not None else ""
+    vertical_parts = sorted({(_part(r), _reading(r)) for r in results if _reading(r)},
+                            key=lambda t: (int(t[0].split("x")[0]), t[1] != "vfl"))  # fmt: skip
+    for title, parts in (("Table 3 (vertical, Algorithm 2, delta 0.1)", vertical_parts or [("10x7", "vfl"), ("100x49", "vfl")]),
+                         ("Table 8 (horizontal, Algorithm 1, delta 0.1)", [(p, "") for p in ("10x1", "100x1", "1000x1")])):  # fmt: skip
+        out += [f"{title}. {note} {seeds_note}", "",
+                "| m | reading | samples | seeds | CGD (worst) | CGD (mean model) | local (worst) | centralized | CGD - centralized "
+                "| horizontal (m^h x 1) | CGD - horizontal | paper CGD | paper local | paper centralized |",
+                "| --- " * 14 + "|"]  # fmt: skip
+        for p, reading in parts:
+            c, loc = find(p, "cgd", "0.1", reading), find(p, "local", "0.1")
+            cv, base, mean = _agg(c), _agg(c, "baseline_accuracy"), _agg(c, "mean_accuracy")
+            gap = f"{cv[0] - base[0]:+.2f}" if cv and base else ""
+            rows_h = f"{p.split('x')[0]}x1"
+            hz = _agg(find(rows_h, "cgd", "0.1")) if reading else None
+            hgap = f"{cv[0] - hz[0]:+.2f}" if cv and hz else ""
             pc, pl = PAPER.get((p, "cgd"), {}).get("0.1"), PAPER.get((p, "local"), {}).get("0.1")
-            n = (c or loc or {}).get("train_samples", "")
-            out.append(f"| ({p}) | {n} | {_cell(cv)} | {_cell(pct(c, 'mean_accuracy'))} | {_cell(pct(loc))} | "
-                       f"{_cell(base)} | {gap} | {_cell(pc)} | {_cell(pl)} | {_cell(PAPER['centralized']['0.1'])} |")  # fmt: skip
+            n = (c or loc or [{}])[0].get("train_samples", "")
+            out.append(f"| ({p}) | {reading or '-'} | {n} | {len(c)} | {_show(cv, len(c))} | {_show(mean, len(c))} | "
+                       f"{_show(_agg(loc), len(loc))} | {_show(base, len(c))} | {gap} | "
+                       f"{_show(hz, 1) if hz else ''} | {hgap} | {_cell(pc)} | {_cell(pl)} | {_cell(PAPER['centralized']['0.1'])} |")  # fmt: skip
         out.append("")
-    parts = sorted({_part(r) for r in results if r["mode"] == "cgd"}, key=lambda s: (int(s.split("x")[1]), int(s.split("x")[0])))
+    parts = sorted({(_part(r), _reading(r)) for r in results if r["mode"] == "cgd"},
+                   key=lambda t: (int(t[0].split("x")[1]), int(t[0].split("x")[0]), t[1] != "vfl"))  # fmt: skip
     dks = ["0.1", "0.01", "random"]
     out += [f"Table 7 (worst confined model's accuracy by delta, gap to its centralized run in points; random: each "
-            f"participant's delta ~ U[0.001, 0.1]). {note}", "",
-            "| m | " + " | ".join(f"delta {d}" for d in dks) + " | " + " | ".join(f"paper {d}" for d in dks) + " |",
-            "| --- " * (1 + 2 * len(dks)) + "|"]  # fmt: skip
-    out.append("| paper centralized | " + " | " * (len(dks) - 1) + " | " + " | ".join(_cell(PAPER["centralized"].get(d)) for d in dks) + " |")
-    for p in parts:
+            f"participant's delta ~ U[0.001, 0.1]). The gap at delta 0.1 is the confinement itself: every confined "
+            f"model moves by the same public steps, so w^l_k - w^j_k stays at its initial value, delta times a "
+            f"N(0, 1) draw; it shrinks with delta. {note}", "",
+            "| m | reading | " + " | ".join(f"delta {d}" for d in dks) + " | " + " | ".join(f"paper {d}" for d in dks) + " |",
+            "| --- " * (2 + 2 * len(dks)) + "|"]  # fmt: skip
+    out.append("| paper centralized | | " + " | " * (len(dks) - 1) + " | " + " | ".join(_cell(PAPER["centralized"].get(d)) for d in dks) + " |")
+    for p, reading in parts:
         cells = []
         for d in dks:
-            r = find(p, "cgd", d)
-            v, b = pct(r), pct(r, "baseline_accuracy")
-            cells.append("" if v is None else f"{v:.2f}% ({v - b:+.2f})" if b is not None else f"{v:.2f}%")
+            rs = find(p, "cgd", d, reading)
+            v, b = _agg(rs), _agg(rs, "baseline_accuracy")
+            cells.append("" if v is None else f"{v[0]:.2f}% ({v[0] - b[0]:+.2f})" if b is not None else f"{v[0]:.2f}%")
         paper = PAPER.get((p, "cgd"), {})
-        out.append(f"| ({p}) | " + " | ".join(cells) + " | " + " | ".join(_cell(paper.get(d)) for d in dks) + " |")
+        out.append(f"| ({p}) | {reading or '-'} | " + " | ".join(cells) + " | " + " | ".join(_cell(paper.get(d)) for d in dks) + " |")
     return out
 
 

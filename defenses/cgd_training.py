@@ -3,28 +3,58 @@
 A fully connected ReLU network (sizes D -> H_1 -> ... -> C, biases included, softmax cross-entropy) is trained by
 m = rows x cols participants at once. Participant (i, j) holds sample block i and feature block j of the training
 set (Algorithm 2; cols = 1 is Algorithm 1) and a confined model initialised w_1 = delta^l * N(0, 1) (equation 11,
-every weight and bias, from its own generator). Each iteration every participant computes its gradient on all of
-its local data at its own model; first-layer gradients (weight and bias: both are w^(1)) are summed within the
-feature group j, every other layer across all participants (lines 23-29), by the secure sum; every participant
-steps its own model with alpha_k times the sums (lines 30-37).
+every weight and bias, from its own generator): a first layer on its own d_j features and its own upper layers.
+Each iteration every participant computes its gradient on all of its local data at its own model; first-layer
+gradients (weight and bias: both are w^(1)) are summed within the feature group l_j = {(1, j), ..., (rows, j)},
+every other layer across all participants (lines 23-29), by the secure sum; every participant steps its own model
+with alpha_k times the sums (lines 30-37).
+
+Two readings of Algorithm 2 (`vertical`; they coincide when cols = 1):
+- "vfl" (default): vertical federated learning. Participant (i, j) computes the partial first-layer pre-activation
+  xi_(i,j) w^(1)(i,j) + b^(1)(i,j) of every sample of its block; the cols partials of a sample are summed across
+  the feature groups of its sample block by the secure sum, and every participant of the block continues from that
+  summed pre-activation with its own upper layers. Its first-layer gradient (on its own features, from its own
+  loss) is then summed within l_j as the paper says. The model of participant (i, j) is its block's first layer on
+  ALL features (the cols participants' first-layer blocks side by side, their biases summed) followed by its own
+  upper layers, and that is the model evaluated, on all features of the test set. This is the reading that can give
+  the paper's vertical results, which equal its horizontal ones at the same m^h (Tables 3 and 8: (10x7) 96.5% vs
+  (10x1) 95.62%, although a (1000x112) participant holds 7 pixels). Privacy cost: an extra wire. Every iteration,
+  the secure sum of a sample block's partial pre-activations is revealed to the block's participants (and to the
+  aggregator running it): the summed first-layer pre-activation of every sample of the block, (samples x H_1) per
+  block per iteration, computed at the block's confined first layer. Colluders inside a block who subtract their
+  own partials learn the honest participants' summed partial pre-activations x_(honest features) w^(1)(honest) of
+  each sample; an attack on a vertical partition must be given that wire (in addition to the gradient sums).
+- "literal": lines 7-8 read literally: z = xi_(i,j) w^(1)(i,j), so each participant predicts from its own feature
+  block alone, in training and in evaluation (each confined model is evaluated on its own features of the test
+  set). Nothing crosses the wire but the gradient sums (no pre-activation exchange), but a participant holding d_j
+  of D features can only reach the accuracy of a model on those features (measured: local-training level).
 
 Why it is cheap: every participant steps with the same public sums, so w^l_k = w^l_1 + O_k with one offset O_k per
 group, shared by all. The first layer's pre-activation splits into X_l w^l_1 (fixed: computed once) plus X_l O_k
 (one matmul over all samples, as in centralized training); only the small upper layers are held per participant.
+In the vfl reading the cols partials of a sample are then summed (one more pass over the (cols, n, H_1) partials).
 Local training (no sharing) uses the same trick per participant: its own offset lies in the row space of its data,
-O_l = X_l^T C_l, so it costs O(samples^2) per participant instead of O(samples x features).
+O_l = X_l^T C_l, so it costs O(samples^2) per participant instead of O(samples x features); where a participant
+holds fewer features than samples (vertical partitions) the offset itself is kept instead, which is cheaper.
+Local training has one reading: nothing is shared, so each participant learns from its own feature block.
+`reference_train` is Algorithms 1 and 2 written out participant by participant (a plain loop with autograd): the
+engine is tested equal to it.
 
-Secure sum. "protocol": each participant's gradient is encoded in fixed point (gleak.secret_sharing, Z_2^32,
-`frac_bits`), the encodings are summed exactly and decoded: bit for bit what the share protocol reconstructs (tested),
-with the encoding-overflow check; it materialises every participant's gradient. "float": the plain floating-point
-sum (one matmul per layer), which ignores the protocol's rounding (at most m * 2^-(frac_bits+1) per entry).
+Secure sum. "protocol": each participant's gradient (and, in the vfl reading, its partial pre-activation, with
+`preact_frac_bits` = 16 fractional bits: pre-activations need the range) is encoded in fixed point
+(gleak.secret_sharing, Z_2^32, `frac_bits`), the encodings are summed exactly and decoded:
+bit for bit what the share protocol reconstructs (tested), with the encoding-overflow check; it materialises every
+participant's gradient. "float": the plain floating-point sum (one matmul per layer), which ignores the protocol's
+rounding (at most m * 2^-(frac_bits+1) per entry).
 
 Gradient scale. "data" (default): participant l sums its per-sample gradients and divides by the number of
 (sample, participant) pairs entering that sum (n for first-layer group sums, n x cols for the other layers), so that
 with identical models the secure sum is the full-batch gradient of the whole data set, as the proof of Claim 1
-uses it; then CGD, local and centralized training share one step size. "local": equation 5 literally, each
-participant's mean gradient over its own samples; the sum is then m times larger (for equal horizontal blocks the
-same as "data" with alpha / m).
+uses it; then CGD, local and centralized training share one step size. In the vfl reading a sample's summed
+pre-activation carries the first-layer biases of its cols participants, so their bias gradients are divided by cols
+as well (with identical models the block's effective bias, the sum of the cols biases, then steps by the full-batch
+gradient). "local": equation 5 literally, each participant's mean gradient over its own samples; the sum is then m
+times larger (for equal horizontal blocks the same as "data" with alpha / m).
 """
 from __future__ import annotations
 
@@ -38,6 +68,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gleak.config import derive_seed
+from gleak.plugin import check_choice
 from gleak.secret_sharing import FixedPoint
 
 
@@ -164,25 +195,39 @@ class TrainResult:
         return {k: v for k, v in self.__dict__.items()}
 
 
+Vertical = Literal["vfl", "literal"]
+VERTICAL_READINGS = ("vfl", "literal")
+# Fractional bits of the pre-activation wire (vfl reading): pre-activations reach tens where gradients stay below
+# one, so they get 8 bits less resolution (2^-16) and 2^8 times more range than the gradients' default 24.
+PREACT_FRAC_BITS = 16
+
+
 class ConfinedMLP:
     """The state of m participants' confined MLPs during CGD (or local) training; see the module docstring.
 
     mode "cgd": offsets shared (first layer per feature group), updated by the secure sums.
     mode "local": every participant steps with its own gradient only (the paper's local-training baseline).
+    vertical: the reading of Algorithm 2 for cols > 1, "vfl" (default) or "literal" (mode "cgd" only).
     """
 
     def __init__(
         self, layout: Layout, sizes: list[int], deltas: Tensor, seed: int, *,
         mode: Literal["cgd", "local"] = "cgd", grad_scale: Literal["data", "local"] = "data",
         secure_sum: Literal["protocol", "float"] = "protocol", frac_bits: int = 24, dtype=torch.float32,
+        vertical: Vertical = "vfl", preact_frac_bits: int = PREACT_FRAC_BITS,
     ):  # fmt: skip
+        check_choice("vertical", vertical, VERTICAL_READINGS)
         self.layout, self.sizes, self.deltas, self.seed = layout, list(sizes), deltas, seed
-        self.mode, self.secure_sum, self.dtype = mode, secure_sum, dtype
+        self.mode, self.secure_sum, self.dtype, self.vertical = mode, secure_sum, dtype, vertical
         self.fp = FixedPoint(frac_bits)
+        self.fp_preact = FixedPoint(preact_frac_bits)
         p = layout.partition
         m, s, d = layout.x.shape
         self.m, self.s, self.d = m, s, d
         self.group = torch.arange(m) // p.rows  # feature group j of participant l
+        self.block = torch.arange(m) % p.rows  # sample block i of participant l
+        # The pre-activation exchange exists only where there is more than one feature group to combine.
+        self.vfl = mode == "cgd" and vertical == "vfl" and p.cols > 1
         h1 = sizes[1]
         x = layout.x.to(dtype)
         self.x = x
@@ -191,9 +236,11 @@ class ConfinedMLP:
         if mode == "local" or grad_scale == "local":
             self.w = layout.mask.to(dtype) / counts.unsqueeze(1)
             self.upper_scale = 1.0
+            self.bias_scale = 1.0
         else:
             self.w = layout.mask.to(dtype) / layout.n
             self.upper_scale = 1.0 / p.cols
+            self.bias_scale = 1.0 / p.cols if self.vfl else 1.0  # a summed pre-activation carries cols biases
         # Fixed part of the first layer: X_l w^l_1 + b^l_1, and the participants' initial upper layers.
         self.z0 = torch.empty(m, s, h1, dtype=dtype)
         n_upper = len(sizes) - 2
@@ -204,6 +251,9 @@ class ConfinedMLP:
             self.z0[l] = x[l] @ params[0] + params[1]
             for r in range(n_upper):
                 self.upper_w[r][l], self.upper_b[r][l] = params[2 + 2 * r], params[3 + 2 * r]
+        # Local training keeps its own first-layer offset O_l directly where that is cheaper than O_l = X_l^T C_l
+        # (the direct form costs 2 s d per unit and iteration, the row-space form s^2).
+        self.direct = mode == "local" and 2 * d < s
         if mode == "cgd":
             # Shared offsets: first layer per feature group, upper layers for everyone.
             self.off1 = torch.zeros(p.cols, d, h1, dtype=dtype)
@@ -211,6 +261,9 @@ class ConfinedMLP:
             self.off_w = [torch.zeros(w.shape[1:], dtype=dtype) for w in self.upper_w]
             self.off_b = [torch.zeros(b.shape[1:], dtype=dtype) for b in self.upper_b]
             self.xg = x.view(p.cols, p.rows * s, d)  # all samples of a feature group
+        elif self.direct:
+            self.off1 = torch.zeros(m, d, h1, dtype=dtype)
+            self.offb1 = torch.zeros(m, h1, dtype=dtype)
         else:
             self.coef = torch.zeros(m, s, h1, dtype=dtype)  # O_l = X_l^T C_l
             self.offb1 = torch.zeros(m, h1, dtype=dtype)
@@ -229,12 +282,31 @@ class ConfinedMLP:
             return self.upper_w[r] + self.off_w[r], self.upper_b[r] + self.off_b[r]
         return self.upper_w[r], self.upper_b[r]
 
-    def _first_pre(self) -> Tensor:
-        p = self.layout.partition
+    def partial_preactivations(self) -> Tensor:
+        """Every participant's first-layer pre-activation of its local samples on its own features, (m, s, H_1):
+        what it puts on the pre-activation wire in the vfl reading."""
         if self.mode == "cgd":
             z = torch.baddbmm(self.offb1.unsqueeze(1), self.xg, self.off1)  # (cols, rows * s, h1)
             return z.view(self.m, self.s, -1).add_(self.z0)
+        if self.direct:
+            return torch.baddbmm(self.offb1.unsqueeze(1), self.x, self.off1).add_(self.z0)
         return torch.baddbmm(self.offb1.unsqueeze(1), self.gram, self.coef).add_(self.z0)
+
+    def summed_preactivations(self, partials: Tensor) -> Tensor:
+        """The secure sum of each sample block's cols partial pre-activations, (rows, s, H_1)."""
+        p = self.layout.partition
+        zc = partials.view(p.cols, p.rows, self.s, -1)
+        if self.secure_sum == "float":
+            return zc.sum(0)
+        return (self.fp_preact.to_integers(zc, p.cols).sum(0) / self.fp_preact.scale).to(self.dtype)
+
+    def _first_pre(self) -> Tensor:
+        z = self.partial_preactivations()
+        if not self.vfl:
+            return z
+        # Every participant of a block continues from the block's summed pre-activation.
+        cols = self.layout.partition.cols
+        return self.summed_preactivations(z).repeat(cols, 1, 1).view(self.m, self.s, -1)
 
     def gradients(self) -> tuple[Tensor, list[Tensor], list[Tensor], float]:
         """Every participant's backward pass. Returns dZ1 (m, s, h1) (first-layer gradients are X_l^T dZ1_l and
@@ -279,30 +351,42 @@ class ConfinedMLP:
         p = self.layout.partition
         if self.secure_sum == "float":
             dzg = dz1.view(p.cols, p.rows * self.s, -1)
-            return torch.bmm(self.xg.transpose(1, 2), dzg), dzg.sum(1)
+            return torch.bmm(self.xg.transpose(1, 2), dzg), dzg.sum(1) * self.bias_scale
         acc_w = torch.zeros(p.cols, self.d, dz1.shape[-1], dtype=torch.float64)
         acc_b = torch.zeros(p.cols, dz1.shape[-1], dtype=torch.float64)
         chunk = max(1, (1 << 23) // (self.d * dz1.shape[-1]))
         for lo in range(0, self.m, chunk):
             hi = min(self.m, lo + chunk)
             g = torch.bmm(self.x[lo:hi].transpose(1, 2), dz1[lo:hi])
+            gb = dz1[lo:hi].sum(1) * self.bias_scale
             acc_w.index_add_(0, self.group[lo:hi], self.fp.to_integers(g, p.rows))
-            acc_b.index_add_(0, self.group[lo:hi], self.fp.to_integers(dz1[lo:hi].sum(1), p.rows))
+            acc_b.index_add_(0, self.group[lo:hi], self.fp.to_integers(gb, p.rows))
         return (acc_w / self.fp.scale).to(self.dtype), (acc_b / self.fp.scale).to(self.dtype)
+
+    def secure_sums(self) -> tuple[float, tuple[Tensor, Tensor], tuple[list[Tensor], list[Tensor]]]:
+        """One iteration's gradient computation and secure sums (mode "cgd"), without the step: (mean training
+        loss, (first-layer weight sums (cols, d, h1), bias sums (cols, h1)), (upper weight sums, upper bias sums)).
+        The step is w^l_{k+1} = w^l_k - alpha_k times these (the first-layer sums of participant l's group)."""
+        dz1, dzs, acts, loss = self.gradients()
+        first = self._sum_first(dz1) if self.m > 1 or self.secure_sum == "float" else self._plain_first(dz1)
+        upper = self._sum_upper(acts, dzs) if self.m > 1 else self._plain_upper(acts, dzs)
+        return loss, first, upper
 
     def step(self, alpha_k: float) -> float:
         """One iteration at step size alpha_k; returns the mean training loss before the step."""
-        dz1, dzs, acts, loss = self.gradients()
         if self.mode == "cgd":
-            s1, sb1 = self._sum_first(dz1) if self.m > 1 or self.secure_sum == "float" else self._plain_first(dz1)
-            sw, sb = self._sum_upper(acts, dzs) if self.m > 1 else self._plain_upper(acts, dzs)
+            loss, (s1, sb1), (sw, sb) = self.secure_sums()
             self.off1 -= alpha_k * s1
             self.offb1 -= alpha_k * sb1
             for r in range(len(sw)):
                 self.off_w[r] -= alpha_k * sw[r]
                 self.off_b[r] -= alpha_k * sb[r]
         else:
-            self.coef -= alpha_k * dz1
+            dz1, dzs, acts, loss = self.gradients()
+            if self.direct:
+                self.off1 -= alpha_k * torch.bmm(self.x.transpose(1, 2), dz1)
+            else:
+                self.coef -= alpha_k * dz1
             self.offb1 -= alpha_k * dz1.sum(1)
             for r, dz in enumerate(dzs):
                 self.upper_w[r] -= alpha_k * torch.bmm(acts[r].transpose(1, 2), dz)
@@ -318,34 +402,141 @@ class ConfinedMLP:
         return [(acts[r][0].T @ dz[0]) * self.upper_scale for r, dz in enumerate(dzs)], [dz[0].sum(0) * self.upper_scale for dz in dzs]
 
     # -- evaluation ----------------------------------------------------------------------------------------------
-    def participant_params(self, l: int) -> list[Tensor]:
-        """Participant l's current confined model [W1 (d_j, h1), b1, W2, b2, ...] (feature padding removed)."""
+    def _own_first(self, l: int) -> tuple[Tensor, Tensor]:
+        """Participant l's own first layer (d_j, h1) and (h1,) (feature padding removed)."""
         j = int(self.group[l])
         d_j = len(self.layout.features[j])
-        init = self._init(l)
+        w1, b1 = participant_init(l, d_j, self.d, self.sizes[:2], float(self.deltas[l]), self.seed, self.dtype)
         if self.mode == "cgd":
-            w1, b1 = init[0] + self.off1[j], init[1] + self.offb1[j]
+            w1, b1 = w1 + self.off1[j], b1 + self.offb1[j]
+        elif self.direct:
+            w1, b1 = w1 + self.off1[l], b1 + self.offb1[l]
         else:
-            w1, b1 = init[0] + self.x[l].T @ self.coef[l], init[1] + self.offb1[l]
-        out = [w1[:d_j], b1]
+            w1, b1 = w1 + self.x[l].T @ self.coef[l], b1 + self.offb1[l]
+        return w1[:d_j], b1
+
+    def _own_upper(self, l: int) -> list[Tensor]:
+        out = []
         for r in range(len(self.upper_w)):
-            w, b = self._upper(r)
-            out += [w[l], b[l]]
+            w, b = self.upper_w[r][l], self.upper_b[r][l]
+            out += [w + self.off_w[r], b + self.off_b[r]] if self.mode == "cgd" else [w, b]
         return out
 
+    def participant_params(self, l: int) -> list[Tensor]:
+        """Participant l's current confined model [W1 (d_j, h1), b1, W2, b2, ...] (feature padding removed)."""
+        return [*self._own_first(l), *self._own_upper(l)]
+
+    def model_features(self, l: int) -> Tensor:
+        """The feature indices participant l's model predicts from: all of them in the vfl reading, else its own."""
+        if self.vfl:
+            return torch.arange(sum(len(f) for f in self.layout.features))
+        return self.layout.features[int(self.group[l])]
+
+    def first_layer(self, l: int) -> tuple[Tensor, Tensor]:
+        """The first layer participant l's model predicts with, (len(model_features(l)), h1) and (h1,): its own in
+        the literal reading; in the vfl reading its sample block's cols first layers side by side (feature blocks
+        are contiguous and in order), their biases summed."""
+        if not self.vfl:
+            return self._own_first(l)
+        p, i = self.layout.partition, int(self.block[l])
+        parts = [self._own_first(j * p.rows + i) for j in range(p.cols)]
+        return torch.cat([w for w, _ in parts]), torch.stack([b for _, b in parts]).sum(0)
+
+    def model_params(self, l: int) -> list[Tensor]:
+        """The model participant l predicts with (and is evaluated as): [W1, b1, W2, b2, ...] on model_features(l)."""
+        w1, b1 = self.first_layer(l)
+        return [w1, b1, *self._own_upper(l)]
+
     def evaluate(self, x_test: Tensor, y_test: Tensor, participants: Tensor) -> tuple[Tensor, Tensor]:
-        """Test accuracy and loss of each listed participant, each on its own feature block of the test set."""
-        accs, losses = [], []
-        for l in participants.tolist():
-            params = self.participant_params(l)
-            h = x_test[:, self.layout.features[int(self.group[l])]].to(self.dtype)
+        """Test accuracy and loss of each listed participant's model (model_params) on its features of the test set
+        (all of them in the vfl reading: a sample block's hidden layer is computed once for its participants)."""
+        who = participants.tolist()
+        # Participants of one sample block share their vfl first layer: evaluate them together, one block at a time.
+        order = sorted(range(len(who)), key=lambda k: (int(self.block[who[k]]), who[k])) if self.vfl else range(len(who))
+        accs, losses = torch.empty(len(who)), torch.empty(len(who))
+        key, h1 = None, None
+        for k in order:
+            l = who[k]
+            if key is None or not self.vfl or int(self.block[l]) != key:
+                key = int(self.block[l])
+                w1, b1 = self.first_layer(l)
+                h1 = torch.relu(x_test[:, self.model_features(l)].to(self.dtype) @ w1 + b1)
+            h = h1
+            params = self._own_upper(l)
             for r in range(0, len(params), 2):
                 h = h @ params[r] + params[r + 1]
                 if r < len(params) - 2:
                     h = torch.relu(h)
-            accs.append(float((h.argmax(1) == y_test).double().mean()))
-            losses.append(float(F.cross_entropy(h, y_test)))
-        return torch.tensor(accs), torch.tensor(losses)
+            accs[k] = float((h.argmax(1) == y_test).double().mean())
+            losses[k] = float(F.cross_entropy(h, y_test))
+        return accs, losses
+
+
+def reference_train(
+    x: Tensor, y: Tensor, *, partition: Partition, sizes: list[int], deltas: Tensor, seed: int, alphas: list[float],
+    mode: Literal["cgd", "local"] = "cgd", vertical: Vertical = "vfl", grad_scale: Literal["data", "local"] = "data",
+    secure_sum: Literal["protocol", "float"] = "protocol", frac_bits: int = 24, preact_frac_bits: int = PREACT_FRAC_BITS,
+) -> list[list[Tensor]]:  # fmt: skip
+    """Algorithms 1 and 2 written out participant by participant (plain loops, autograd, float64), the reference
+    the vectorised engine is tested against. Returns every participant's confined model [W1 (d_j, h1), b1, W2, ...]
+    after len(alphas) iterations, participant l = j * rows + i (sample block i, feature block j).
+
+    Per iteration: each participant computes the partial pre-activation of its samples on its own features; in the
+    vfl reading (cgd, cols > 1) the block's partials are summed by the secure sum and each participant continues
+    from that sum (as a received constant: its gradient reaches only its own first layer); each participant's loss
+    from its own upper layers; its gradients by autograd, scaled as grad_scale says; the sums (first layer within
+    the feature group, the rest across all; fixed point over Z_2^32 for "protocol"); every participant's step."""
+    from gleak.secret_sharing import fixed_point_sum
+
+    fp = FixedPoint(frac_bits)
+    rows, cols = partition.rows, partition.cols
+    sb, fb = blocks(len(y), rows), blocks(x.shape[1], cols)
+    n, m = len(y), partition.m
+    vfl = mode == "cgd" and vertical == "vfl" and cols > 1
+    models, data = [], []
+    for j, (flo, fhi) in enumerate(fb):
+        for i, (lo, hi) in enumerate(sb):
+            l = j * rows + i
+            init = participant_init(l, fhi - flo, fhi - flo, sizes, float(deltas[l]), seed, torch.float64)
+            models.append([t.clone().requires_grad_(True) for t in init])
+            data.append((x[lo:hi, flo:fhi].to(torch.float64), y[lo:hi]))
+
+    def add(values: list[Tensor], enc: FixedPoint = fp) -> Tensor:
+        stacked = torch.stack([v.detach() for v in values])
+        # One participant alone (centralized training) shares nothing, so nothing is encoded.
+        return stacked.sum(0) if secure_sum == "float" or m == 1 else fixed_point_sum(stacked, enc)
+
+    for alpha in alphas:
+        partials = [xb @ w[0] + w[1] for w, (xb, _) in zip(models, data)]
+        grads = []
+        for l, (params, (_, yb)) in enumerate(zip(models, data)):
+            z = partials[l]
+            if vfl:
+                i = l % rows
+                total = add([partials[j * rows + i] for j in range(cols)], FixedPoint(preact_frac_bits))
+                z = z + (total - z).detach()  # the received sum: its value, with this participant's own gradient
+            h = torch.relu(z)
+            for r in range(2, len(params), 2):
+                h = h @ params[r] + params[r + 1]
+                if r < len(params) - 2:
+                    h = torch.relu(h)
+            local = mode == "local" or grad_scale == "local"
+            loss = F.cross_entropy(h, yb, reduction="sum") / (len(yb) if local else n)
+            g = list(torch.autograd.grad(loss, params))
+            if not local:
+                g = [t / cols if r >= 2 or (r == 1 and vfl) else t for r, t in enumerate(g)]
+            grads.append(g)
+        with torch.no_grad():
+            if mode == "local":
+                steps = grads
+            else:
+                first = [[add([grads[j * rows + i][r] for i in range(rows)]) for r in range(2)] for j in range(cols)]
+                upper = [add([g[r] for g in grads]) for r in range(2, len(sizes) * 2 - 2)]
+                steps = [first[l // rows] + upper for l in range(m)]
+            for params, step in zip(models, steps):
+                for p_, s_ in zip(params, step):
+                    p_ -= alpha * s_.to(p_.dtype)
+    return [[t.detach() for t in params] for params in models]
 
 
 def train(
@@ -353,16 +544,19 @@ def train(
     alpha: float, mu: float = 0.0, normalize_schedule: bool = False, delta: float = 0.1, delta_high: float | None = None,
     mode: Literal["cgd", "local"] = "cgd", grad_scale: Literal["data", "local"] = "data",
     secure_sum: Literal["protocol", "float"] = "protocol", frac_bits: int = 24, eval_participants: int = 100,
-    eval_every: int = 0, seed: int = 0, progress: bool = False,
+    eval_every: int = 0, seed: int = 0, progress: bool = False, vertical: Vertical = "vfl",
+    preact_frac_bits: int = PREACT_FRAC_BITS,
 ) -> TrainResult:  # fmt: skip
     """Train m confined models (or m local ones) on (x, y) (flattened, normalised) and evaluate on the test set.
 
+    vertical: the reading of Algorithm 2 for cols > 1 ("vfl", the default, or "literal"; see the module docstring).
     Evaluated: every participant when m <= eval_participants, else that many drawn at random (seeded); the result's
     accuracy is the worst of them, as the paper reports the worst confined model."""
     t0 = time.perf_counter()
     layout = make_layout(x, y, partition)
     deltas = init_deltas(partition.m, delta, delta_high, seed)
-    net = ConfinedMLP(layout, sizes, deltas, seed, mode=mode, grad_scale=grad_scale, secure_sum=secure_sum, frac_bits=frac_bits)
+    net = ConfinedMLP(layout, sizes, deltas, seed, mode=mode, grad_scale=grad_scale, secure_sum=secure_sum,
+                      frac_bits=frac_bits, vertical=vertical, preact_frac_bits=preact_frac_bits)  # fmt: skip
     if partition.m <= eval_participants:
         who = torch.arange(partition.m)
     else:

@@ -257,7 +257,11 @@ class Registry:
         ]
         if missing:
             raise ParamError(f"{self.kind} {name!r} needs parameter(s) {', '.join(missing)}", missing[0])
-        return {**info.defaults(), **params}
+        full = {**info.defaults(), **params}
+        # A plugin may leave out of its stored parameters (so out of trial ids) those added after its first release
+        # where they change nothing: earlier trial ids then stay valid (as CaseConfig.LATER_FIELDS does for cases).
+        identity = getattr(info.obj, "identity_params", None)
+        return identity(full) if callable(identity) else full
 
     def create(self, name: str, *args: Any, **params: Any) -> Any:
         self.check_params(name, params)

@@ -358,6 +358,8 @@ def utility_frame(store: Any):
         cfg = json.loads(r["config"])
         out.append({**{k: r[k] for k in ("defense", "defense_params", "dataset", "model", "accuracy", "epsilon",
                                          "seconds", "status", "error", "extra")},
-                    "baseline_accuracy": base_acc, "algorithm": cfg["algorithm"], "rounds": cfg["rounds"],
+                    # A protocol that trains itself (CGD) compares with its own centralized run on the same samples.
+                    "baseline_accuracy": json.loads(r["extra"] or "{}").get("baseline_accuracy", base_acc),
+                    "algorithm": cfg["algorithm"], "rounds": cfg["rounds"],
                     "clients": cfg["clients"], "utility_id": uid})  # fmt: skip
     return pd.DataFrame(out, columns=UTILITY_CSV_COLUMNS)

@@ -28,7 +28,18 @@ descent on all the data, the same init law, T and alpha). With a client defense 
 CGD) the run goes participant by participant through run_rounds instead (`train_per_participant`, horizontal
 partitions only): the same models as the engine on the same seed (tests/test_protocols.py), at m times the cost.
 
-Reading of Algorithm 2 (ambiguous in the paper): see defenses/cgd_training.py, whose engine decides it.
+Reading of Algorithm 2 (ambiguous in the paper; `vertical`, which only matters when a partition has cols > 1):
+- "vfl" (default), vertical federated learning: the first-layer pre-activations of a sample are summed across the
+  cols feature groups of its sample block by the secure sum, each participant continues from that sum with its own
+  upper layers, its own-block first-layer gradient is summed within its feature group l_j and the upper layers
+  across all; each sample block's models are evaluated on all features. This reading gives the paper's vertical
+  results, which equal its horizontal ones at the same m^h (Tables 3 and 8). Privacy cost: an extra wire, the
+  secure sum of each block's partial pre-activations (samples x H_1 per block and iteration) revealed to the
+  block's participants and to the aggregator; colluders in a block learn the honest members' summed partial
+  pre-activations of every sample of the block. An attack on a vertical partition must be given that wire.
+- "literal": lines 7-8 read literally, z = xi_(i,j) w^(1): each participant predicts from its own feature block, in
+  training and in evaluation. Only the gradient sums cross the wire; accuracy stays at local-training level.
+Attack trials run Algorithm 1 (the case's clients hold whole samples), where the two readings coincide.
 
 Defaults: delta = 0.1 (MNIST), one delta for all (delta_high sets the range of per-participant draws, e.g. delta =
 0.001 with delta_high = 0.1), mu = 0 (fixed alpha, section 7.1), 24 fractional bits. Known deviations: the paper's
@@ -54,12 +65,17 @@ from gleak.registry import register_protocol
 from gleak.secret_sharing import FixedPoint, secure_sum, sum_encoded
 from gleak.threat import ClientBatch, Update
 
-from gleak.defenses.cgd_training import Partition, blocks, init_deltas, participant_init, step_size, train
+from gleak.defenses.cgd_training import (
+    VERTICAL_READINGS, Partition, blocks, init_deltas, participant_init, step_size, train,
+)
 
 # The share protocol costs parties^2 ring elements per coordinate; beyond this many in all, the bit-identical sum
 # of encodings is used instead (gleak.secret_sharing.sum_encoded).
 SHARE_BUDGET = 1 << 28
-ALGORITHM2_READING = "Algorithm 2 read literally: each participant predicts from its own feature block"
+ALGORITHM2_READINGS = {
+    "vfl": "Algorithm 2 as vertical FL: a sample block's pre-activations summed across its feature groups by the secure sum; models evaluated on all features",
+    "literal": "Algorithm 2 read literally: each participant predicts from its own feature block",
+}
 
 
 def _redraw(module: nn.Module, delta: float, rng: torch.Generator) -> nn.Module:
@@ -91,7 +107,26 @@ class _ConfinedTraining(Protocol):
 
     # The parameters that shape a utility run (the others concern attack trials only).
     _utility_params = ("partition", "delta", "delta_high", "mu", "normalize_schedule", "grad_scale", "secure_sum",
-                       "frac_bits", "train_samples", "eval_participants", "inputs", "confined")  # fmt: skip
+                       "frac_bits", "train_samples", "eval_participants", "inputs", "confined", "vertical",
+                       "utility_seed")  # fmt: skip
+
+    @classmethod
+    def identity_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """The parameters as stored in trial and utility ids. Added after the first release, and left out where
+        they change nothing, so that earlier ids stay valid: utility_seed when None (the [utility] seed);
+        vertical unless it is "vfl" on a partition with feature blocks (with one feature block the readings
+        coincide, and "literal" is what every earlier vertical run computed)."""
+        out = dict(params)
+        if out.get("utility_seed", 0) is None:
+            del out["utility_seed"]
+        if "vertical" in out:
+            try:
+                cols = Partition.parse(out.get("partition", "10x1")).cols
+            except ValueError:
+                cols = 1  # the plugin's own check names the bad partition
+            if out["vertical"] == "literal" or cols == 1:
+                del out["vertical"]
+        return out
 
     shared_model = False  # every participant computes at its own confined model
 
@@ -111,7 +146,8 @@ class _ConfinedTraining(Protocol):
     def _train_utility(self, config: Any, train_ds: Any, test_ds: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
         sizes = _mlp_sizes(config, train_ds)
-        x, y = _subset(train_ds, self.train_samples, config.seed, self.inputs)
+        seed = config.seed if self.utility_seed is None else self.utility_seed
+        x, y = _subset(train_ds, self.train_samples, seed, self.inputs)
         x_test, y_test = _features(test_ds, slice(None), self.inputs), test_ds.y
         part = Partition.parse(self.partition)
         if part.rows > len(y):
@@ -119,7 +155,7 @@ class _ConfinedTraining(Protocol):
         common = dict(
             sizes=sizes, iterations=config.rounds, alpha=config.lr, mu=self.mu, normalize_schedule=self.normalize_schedule,
             delta=self.delta, delta_high=self.delta_high, grad_scale=self.grad_scale, frac_bits=self.frac_bits,
-            seed=derive_seed(config.seed, "cgd"), progress=True,
+            seed=derive_seed(seed, "cgd"), progress=True,
         )  # fmt: skip
         base = _centralized(x, y, x_test, y_test, common)
         if not getattr(self, "confined", True):
@@ -128,7 +164,8 @@ class _ConfinedTraining(Protocol):
             res = base
         else:
             res = train(x, y, x_test, y_test, partition=part, mode=self._mode, secure_sum=self.secure_sum,
-                        eval_participants=self.eval_participants, **common)  # fmt: skip
+                        eval_participants=self.eval_participants, vertical=getattr(self, "vertical", "literal"),
+                        **common)  # fmt: skip
         return {
             "accuracy": res.accuracy, "baseline_accuracy": base.accuracy, "epsilon": None,
             "seconds": time.perf_counter() - t0,
@@ -137,7 +174,8 @@ class _ConfinedTraining(Protocol):
             "evaluated": res.evaluated, "iterations": res.iterations, "train_samples": len(y),
             "seconds_per_iteration": res.seconds_per_iteration,
             "baseline_seconds_per_iteration": base.seconds_per_iteration,
-            "reading": ALGORITHM2_READING if part.cols > 1 else "",
+            "reading": ALGORITHM2_READINGS[getattr(self, "vertical", "literal")] if part.cols > 1 else "",
+            "utility_seed": seed,
         }  # fmt: skip
 
 
@@ -276,6 +314,11 @@ class CGD(_ConfinedTraining):
     colluders: attack trials: t colluding participants, the last t clients (default m - 2, the paper's worst case).
     proxy: attack trials: the model the adversary holds, "colluder" (default) or "mean" (see the module docstring).
     confined: false = federated SGD with secure aggregation over the same clients (one shared model, observed).
+    vertical: utility runs with feature blocks (cols > 1): the reading of Algorithm 2, "vfl" (default: a sample
+        block's first-layer pre-activations summed across its feature groups by the secure sum, an extra wire) or
+        "literal" (each participant predicts from its own feature block); see the module docstring.
+    utility_seed: utility runs: the seed of the sample order and the confined inits (None: the [utility] seed), so
+        that a suite can repeat a utility row over seeds.
     Also accepted as a defense (`[[defense]] name = "cgd"`), its historical spelling: CGD with no client transform.
     """
 
@@ -299,6 +342,8 @@ class CGD(_ConfinedTraining):
         colluders: int | None = None,
         proxy: Literal["colluder", "mean"] = "colluder",
         confined: bool = True,
+        vertical: Literal["vfl", "literal"] = "vfl",
+        utility_seed: int | None = None,
     ):
         self._check_common(partition, delta, delta_high, frac_bits, train_samples, eval_participants, inputs)
         if mu < 0:
@@ -312,6 +357,10 @@ class CGD(_ConfinedTraining):
         if colluders is not None and colluders < 0:
             raise ValueError(f"colluders must be >= 0, got {colluders}")
         check_choice("proxy", proxy, ("colluder", "mean"))
+        check_choice("vertical", vertical, VERTICAL_READINGS)
+        if utility_seed is not None and utility_seed < 0:
+            raise ValueError(f"utility_seed must be >= 0, got {utility_seed}")
+        self.vertical, self.utility_seed = vertical, utility_seed
         self.partition, self.delta, self.delta_high = partition, delta, delta_high
         self.mu, self.normalize_schedule, self.grad_scale = mu, normalize_schedule, grad_scale
         self.secure_sum, self.frac_bits = secure_sum, frac_bits
@@ -422,7 +471,8 @@ class CGD(_ConfinedTraining):
 class LocalTraining(_ConfinedTraining):
     """The paper's local-training baseline (seed 000, section 7.1): each participant trains on its own data alone.
 
-    Utility runs only: the same partitions, init law and schedule as cgd (see its parameters), without any sharing;
+    Utility runs only: the same partitions, init law and schedule as cgd (see its parameters; utility_seed too),
+    without any sharing, so a participant learns from its own feature block only (there is no vertical reading);
     the accuracy is the worst evaluated participant's, baseline_accuracy centralized training. In an attack trial
     nothing leaves a participant, so the observer sees an all-zero update.
     """
@@ -437,8 +487,12 @@ class LocalTraining(_ConfinedTraining):
         train_samples: int | None = None,
         eval_participants: int = 100,
         inputs: Literal["pixels", "standardized"] = "pixels",
+        utility_seed: int | None = None,
     ):
         self._check_common(partition, delta, delta_high, 24, train_samples, eval_participants, inputs)
+        if utility_seed is not None and utility_seed < 0:
+            raise ValueError(f"utility_seed must be >= 0, got {utility_seed}")
+        self.utility_seed = utility_seed
         self.partition, self.delta, self.delta_high = partition, delta, delta_high
         self.train_samples, self.eval_participants, self.inputs = train_samples, eval_participants, inputs
         # Nothing is shared: no schedule decay, no secure sum; each participant steps with its own mean gradient.

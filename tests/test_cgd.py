@@ -1,5 +1,6 @@
 """CGD (seed 000): the vectorised engine against a literal per-participant Algorithm 2, the defense in trials, and
 the attacks that do (and do not) get through it."""
+import json
 import math
 
 import pytest
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 from gleak.config import CaseConfig, TrialConfig, UtilityConfig, generator
 from gleak.data import ImageDataset
 from gleak.defenses.cgd_training import (
-    ConfinedMLP, Partition, blocks, init_deltas, make_layout, participant_init, step_size, train,
+    ConfinedMLP, Partition, blocks, init_deltas, make_layout, reference_train, step_size,
 )  # fmt: skip
 from gleak.errors import UnsupportedCase
 from gleak.registry import create
@@ -22,65 +23,127 @@ def _toy(n=12, d=7, classes=3, seed=0):
     return torch.randn(n, d, generator=g, dtype=torch.float64), torch.randint(0, classes, (n,), generator=g)
 
 
-def _reference(x, y, part, sizes, deltas, seed, iterations, alphas, mode="cgd"):
-    """Algorithm 2 written out per participant with autograd: participant (i, j) = j * rows + i holds sample block
-    i and feature block j; first-layer gradients summed within group j, the rest across all; every model steps."""
-    rows, cols = part.rows, part.cols
-    sb, fb = blocks(len(y), rows), blocks(x.shape[1], cols)
-    n = len(y)
-    models, data = [], []
-    for j, (flo, fhi) in enumerate(fb):
-        for i, (lo, hi) in enumerate(sb):
-            l = j * rows + i
-            p = participant_init(l, fhi - flo, fhi - flo, sizes, float(deltas[l]), seed, torch.float64)
-            models.append([t.clone().requires_grad_(True) for t in p])
-            data.append((x[lo:hi, flo:fhi], y[lo:hi]))
-
-    def forward(params, xb):
-        h = xb
-        for r in range(0, len(params), 2):
-            h = h @ params[r] + params[r + 1]
-            if r < len(params) - 2:
-                h = torch.relu(h)
-        return h
-
-    for k in range(iterations):
-        grads = []
-        for params, (xb, yb) in zip(models, data):
-            scale = 1.0 / len(yb) if mode == "local" else 1.0 / n
-            loss = F.cross_entropy(forward(params, xb), yb, reduction="sum") * scale
-            grads.append(torch.autograd.grad(loss, params))
-        with torch.no_grad():
-            for l, params in enumerate(models):
-                j = l // rows
-                for r, p in enumerate(params):
-                    if mode == "local":
-                        step = grads[l][r]
-                    elif r < 2:  # first layer (weight and bias): within the feature group
-                        step = sum(grads[j * rows + i][r] for i in range(rows))
-                    else:
-                        step = sum(g[r] for g in grads) / cols
-                    p -= alphas[k] * step
-    return [[t.detach() for t in p] for p in models]
-
-
-@pytest.mark.parametrize("mode", ["cgd", "local"])
-@pytest.mark.parametrize("part", [Partition(3, 1), Partition(3, 2), Partition(1, 1)])
-def test_engine_is_algorithm_2_participant_by_participant(mode, part):
+@pytest.mark.parametrize("secure_sum", ["float", "protocol"])
+@pytest.mark.parametrize("mode,vertical", [("cgd", "vfl"), ("cgd", "literal"), ("local", "vfl")])
+@pytest.mark.parametrize("part", [Partition(3, 1), Partition(3, 2), Partition(1, 3), Partition(1, 1)])
+def test_engine_is_algorithm_2_participant_by_participant(mode, vertical, part, secure_sum):
     x, y = _toy()
-    sizes, seed, iters = [7, 5, 3], 3, 4
+    sizes, seed, iters = [7, 5, 4, 3], 3, 4
     deltas = init_deltas(part.m, 0.05, 0.5, seed)  # each participant its own delta
     alphas = [step_size(k, 0.3, 0.1, iters) for k in range(1, iters + 1)]
-    net = ConfinedMLP(make_layout(x, y, part), sizes, deltas, seed, mode=mode, secure_sum="float", dtype=torch.float64)
+    net = ConfinedMLP(make_layout(x, y, part), sizes, deltas, seed, mode=mode, secure_sum=secure_sum,
+                      dtype=torch.float64, vertical=vertical)  # fmt: skip
     for a in alphas:
         net.step(a)
-    ref = _reference(x, y, part, sizes, deltas, seed, iters, alphas, mode)
+    ref = reference_train(x, y, partition=part, sizes=sizes, deltas=deltas, seed=seed, alphas=alphas, mode=mode,
+                          vertical=vertical, secure_sum=secure_sum)  # fmt: skip
     for l in range(part.m):
         for got, want in zip(net.participant_params(l), ref[l]):
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
     # The confined models differ from one another (they never share their parameters) ...
     if part.m > 1:
         assert not torch.allclose(net.participant_params(0)[2], net.participant_params(1)[2])
+
+
+def _forward(params, xb):
+    h = xb
+    for r in range(0, len(params), 2):
+        h = h @ params[r] + params[r + 1]
+        if r < len(params) - 2:
+            h = torch.relu(h)
+    return h
+
+
+def test_vfl_models_are_their_blocks_first_layers_on_all_features_and_literal_ones_their_own():
+    x, y = _toy(n=12, d=7)
+    xt, yt = _toy(n=40, d=7, seed=5)
+    part, sizes = Partition(2, 3), [7, 5, 3]
+    deltas = init_deltas(part.m, 0.3, None, 0)
+    fb = blocks(7, 3)
+    for vertical in ("vfl", "literal"):
+        net = ConfinedMLP(make_layout(x, y, part), sizes, deltas, 0, secure_sum="float", dtype=torch.float64, vertical=vertical)
+        for _ in range(3):
+            net.step(0.5)
+        ref = reference_train(x, y, partition=part, sizes=sizes, deltas=deltas, seed=0, alphas=[0.5] * 3,
+                              vertical=vertical, secure_sum="float")  # fmt: skip
+        accs, losses = net.evaluate(xt, yt, torch.arange(part.m))
+        for l in range(part.m):
+            j, i = divmod(l, part.rows)
+            if vertical == "vfl":  # block i's cols first layers side by side, biases summed, then l's upper layers
+                w1 = torch.cat([ref[jj * part.rows + i][0] for jj in range(part.cols)])
+                b1 = sum(ref[jj * part.rows + i][1] for jj in range(part.cols))
+                model, feats = [w1, b1, *ref[l][2:]], slice(None)
+            else:
+                model, feats = ref[l], slice(*fb[j])
+            logits = _forward(model, xt[:, feats])
+            assert accs[l] == pytest.approx(float((logits.argmax(1) == yt).double().mean()))
+            assert losses[l] == pytest.approx(float(F.cross_entropy(logits, yt)), rel=1e-6)
+        assert len(net.model_features(0)) == (7 if vertical == "vfl" else fb[0][1] - fb[0][0])
+
+
+@pytest.mark.parametrize("vertical", ["vfl", "literal"])
+def test_a_cgd_step_moves_every_model_by_exactly_the_public_step_times_the_secure_sum(vertical):
+    """Computed here independently: each participant's gradient by autograd at its own model (in the vfl reading
+    from its block's summed pre-activation), summed by the share protocol itself (gleak.secret_sharing)."""
+    from gleak.secret_sharing import FixedPoint, secure_sum
+
+    x, y = _toy(n=12, d=7)
+    part, sizes, alpha = Partition(3, 2), [7, 5, 3], 0.7
+    rows, cols, n = part.rows, part.cols, len(y)
+    net = ConfinedMLP(make_layout(x, y, part), sizes, init_deltas(part.m, 0.3, None, 1), 1, dtype=torch.float64,
+                      vertical=vertical)  # fmt: skip
+    net.step(0.2)  # away from the init
+    before = [[t.clone().requires_grad_(True) for t in net.participant_params(l)] for l in range(part.m)]
+    sb, fb = blocks(n, rows), blocks(7, cols)
+    data = [(x[slice(*sb[l % rows]), slice(*fb[l // rows])], y[slice(*sb[l % rows])]) for l in range(part.m)]
+    fp, rng = FixedPoint(24), torch.Generator().manual_seed(0)
+
+    def protocol_sum(ts, enc=fp):
+        return enc.decode(secure_sum(enc.encode(torch.stack([t.detach() for t in ts]), addends=len(ts)), rng))
+
+    partial = [xb @ p[0] + p[1] for p, (xb, _) in zip(before, data)]
+    grads = []
+    for l, (p, (_, yb)) in enumerate(zip(before, data)):
+        z = partial[l]
+        if vertical == "vfl":  # the block's summed pre-activation, as received: a constant but for l's own part
+            z = z + (protocol_sum([partial[jj * rows + l % rows] for jj in range(cols)], FixedPoint(16)) - z).detach()
+        loss = F.cross_entropy(_forward(p[2:], torch.relu(z)), yb, reduction="sum") / n
+        g = torch.autograd.grad(loss, p)
+        grads.append([t / cols if r >= 2 or (r == 1 and vertical == "vfl") else t for r, t in enumerate(g)])
+
+    upper = [protocol_sum([g[r] for g in grads]) for r in range(2, 4)]
+    net.step(alpha)
+    for l in range(part.m):
+        j = l // rows
+        first = [protocol_sum([grads[j * rows + i][r] for i in range(rows)]) for r in range(2)]
+        for got, was, s in zip(net.participant_params(l), before[l], first + upper):
+            assert float(s.abs().max()) > 1e-4  # a real step ...
+            # ... by exactly alpha times the sum (up to the fixed-point resolution of a sum of m addends)
+            torch.testing.assert_close(got - was.detach(), -alpha * s, rtol=0, atol=alpha * part.m * 2.0**-24)
+
+
+def test_vertical_reading_enters_ids_only_where_it_changes_what_is_computed():
+    from gleak.registry import check_params
+
+    old_keys = {"alpha", "colluders", "confined", "delta", "delta_high", "eval_participants", "frac_bits", "grad_scale",
+                "inputs", "iterations", "mu", "normalize_schedule", "partition", "proxy", "secure_sum", "train_samples"}  # fmt: skip
+    # Horizontal partitions (every attack trial's case) and literal vertical ones hash as before the parameter.
+    assert set(check_params("defense", "cgd", {"partition": "10x1"})) == old_keys
+    assert set(check_params("defense", "cgd", {"partition": "10x1", "vertical": "literal"})) == old_keys
+    assert set(check_params("defense", "cgd", {"partition": "10x7", "vertical": "literal"})) == old_keys
+    # The vfl default on a vertical partition computes something new: a new id.
+    assert check_params("defense", "cgd", {"partition": "10x7"})["vertical"] == "vfl"
+    assert check_params("defense", "cgd", {"partition": "10x7", "utility_seed": 2})["utility_seed"] == 2
+    assert "utility_seed" not in check_params("defense", "local-training", {"partition": "10x7"})
+    from gleak.defenses.cgd import CGD
+    from gleak.registry import ParamError
+
+    with pytest.raises(ParamError, match="vertical"):
+        create("defense", "cgd", vertical="both")
+    with pytest.raises(ValueError, match="vertical"):
+        CGD(vertical="both")
+    with pytest.raises(ValueError, match="utility_seed"):
+        CGD(utility_seed=-1)
 
 
 def test_fixed_point_protocol_sum_matches_the_float_sum_to_its_resolution():
@@ -124,7 +187,7 @@ def test_train_utility_reports_worst_participant_and_centralized_baseline():
     assert out["accuracy"] == again["accuracy"]  # deterministic
     assert out["participants"] == 12 and out["evaluated"] == 12
     assert out["accuracy"] <= out["mean_accuracy"] <= out["best_accuracy"]
-    assert out["baseline_accuracy"] > 0.9 and out["epsilon"] is None and "feature block" in out["reading"]
+    assert out["baseline_accuracy"] > 0.9 and out["epsilon"] is None and "vertical FL" in out["reading"]
     local = create("defense", "local-training", partition="100x1").train_utility(cfg, train_ds, test_ds, generator(0, "u"))
     cgd = create("defense", "cgd", partition="100x1").train_utility(cfg, train_ds, test_ds, generator(0, "u"))
     assert local["baseline_accuracy"] == cgd["baseline_accuracy"]  # the same centralized run
@@ -162,15 +225,41 @@ def _trial(attack, dp, batch, clients=4, seed=0, ap=None):
     return run_trial(TrialConfig("t", attack, ap or {}, "cgd", dp, case, seed))
 
 
-def test_closed_form_recovers_through_cgd_at_batch_size_one():
+def test_closed_form_recovers_through_cgd_at_batch_size_one_in_most_trials():
     # Units active for the victim's sample only (in its own confined model) and for no sample of the other honest
-    # participant invert to the victim's input exactly, whatever the models: CGD does not stop the closed form.
-    row = _trial("closed-form", {}, 1, seed=1, ap={"rows": "agreement"})
-    assert row["status"] == "ok" and row["mse"] < 1e-8
+    # participant invert to the victim's input exactly, whatever the models: CGD does not stop the closed form
+    # wherever such a unit exists. Measured: exact (MSE < 1e-8) on 12 of seeds 0-19; the others land partial.
+    rows = [_trial("closed-form", {}, 1, seed=s, ap={"rows": "agreement"}) for s in range(20)]
+    assert all(r["status"] == "ok" for r in rows)
+    exact = sum(r["mse"] < 1e-8 for r in rows)
+    assert 8 <= exact <= 19, [r["mse"] for r in rows]
 
 
-def test_subspace_demix_recovers_every_sample_of_the_honest_sum():
-    # 512 restarts (the default is 4096) recover seeds 0-2 here too; seed 1 is the quickest of them (< 1 s CPU).
-    for dp in ({}, {"confined": False}, {"iterations": 2}):
-        row = _trial("subspace-demix", dp, 3, seed=1, ap={"restarts": 512})
-        assert row["status"] == "ok" and row["mse"] < 1e-6, (dp, row.get("error"), row.get("mse"))
+@pytest.mark.parametrize("dp,seeds,least", [({}, range(6), 5), ({"confined": False}, range(6), 3), ({"iterations": 2}, range(3), 2)])
+def test_subspace_demix_recovers_every_sample_of_the_honest_sum(dp, seeds, least):
+    # With 512 restarts (the default is 4096), measured MSE < 1e-6: through CGD on 6 of seeds 0-5 (and 3 of 3 over
+    # 2 observed iterations), through FedSGD + secure sum on 4 of 6 (the others 4e-6 and 0.03).
+    rows = [_trial("subspace-demix", dp, 3, seed=s, ap={"restarts": 512}) for s in seeds]
+    assert all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
+    assert sum(r["mse"] < 1e-6 for r in rows) >= least, [r["mse"] for r in rows]
+
+
+def test_utility_csv_compares_each_cgd_row_with_its_own_centralized_run(tmp_path):
+    from gleak.registry import check_params
+    from gleak.store import Store
+    from gleak.utility import run_utilities, utility_frame
+
+    cfg = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [16], "activation": "relu"}, clients=2,
+                        rounds=8, batch_size=8, lr=0.1)  # fmt: skip
+    runs = [("none", {}), ("cgd", check_params("defense", "cgd", {"partition": "2x2", "utility_seed": 1}))]
+    store = Store(tmp_path)
+    try:
+        run_utilities(cfg, runs, store, progress=False)
+        frame = utility_frame(store).set_index("defense")
+    finally:
+        store.close()
+    none, cgd = frame.loc["none"], frame.loc["cgd"]
+    assert none["baseline_accuracy"] == none["accuracy"]  # the federated baseline, as before
+    extra = json.loads(cgd["extra"])
+    assert cgd["baseline_accuracy"] == extra["baseline_accuracy"] != none["accuracy"]  # CGD's own centralized run
+    assert extra["utility_seed"] == 1 and "vertical FL" in extra["reading"]
