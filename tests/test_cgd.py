@@ -135,7 +135,7 @@ def test_vertical_reading_enters_ids_only_where_it_changes_what_is_computed():
     assert check_params("defense", "cgd", {"partition": "10x7"})["vertical"] == "vfl"
     assert check_params("defense", "cgd", {"partition": "10x7", "utility_seed": 2})["utility_seed"] == 2
     assert "utility_seed" not in check_params("defense", "local-training", {"partition": "10x7"})
-    from gleak.defenses.cgd import CGD
+    from gleak.protocols.cgd import CGD
     from gleak.registry import ParamError
 
     with pytest.raises(ParamError, match="vertical"):
