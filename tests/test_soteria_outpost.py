@@ -77,9 +77,9 @@ def test_soteria_rejects_a_bad_rate_and_a_model_without_linear_layer():
 # ---- Outpost -----------------------------------------------------------------------------------------------------
 def test_outpost_perturbs_with_probability_one_over_one_plus_beta_t():
     """Over many clients, the share perturbed at iteration t follows 1 / (1 + beta t)."""
-    model, (x, y) = _mlp(0), _batch(0, n=2)
+    model, (x, y) = _mlp(0, hidden=4), _batch(0, n=2)
     plain = batch_gradient(model, x, y)
-    beta, clients, steps = 0.5, 400, 12
+    beta, clients, steps = 0.5, 200, 6
     hits = np.zeros(steps)
     for c in range(clients):
         d = gleak.create("defense", "outpost", beta=beta)
