@@ -137,3 +137,12 @@ def test_outpost_reset_restarts_the_schedule_and_is_deterministic():
         runs.append([d.client_gradient(model, x, y, rng) for _ in range(5)])
     assert all(torch.equal(a[n], b[n]) for a, b in zip(*runs) for n in a)
     assert d.iteration == 5
+
+
+def test_outpost_fisher_reading_of_the_code_is_one_value_per_column():
+    from gleak.defenses.outpost import fisher_diagonal
+
+    g = torch.tensor([[1.0, -2.0], [3.0, 0.0]])
+    assert torch.equal(fisher_diagonal(g, "entry"), g.pow(2))
+    assert torch.equal(fisher_diagonal(g, "code"), torch.tensor([[5.0, 2.0], [5.0, 2.0]]))
+    assert torch.equal(fisher_diagonal(torch.tensor([1.0, 3.0]), "code"), torch.tensor([5.0, 5.0]))
