@@ -6,7 +6,7 @@ import torch
 import gleak
 from gleak.models import create_model
 from gleak.protocol import batch_gradient
-from gleak.defenses.outpost import layer_risk, perturb_probability
+from gleak.defenses.outpost import layer_risk
 from gleak.defenses.soteria import Soteria
 
 
@@ -77,9 +77,9 @@ def test_soteria_rejects_a_bad_rate_and_a_model_without_linear_layer():
 # ---- Outpost -----------------------------------------------------------------------------------------------------
 def test_outpost_perturbs_with_probability_one_over_one_plus_beta_t():
     """Over many clients, the share perturbed at iteration t follows 1 / (1 + beta t)."""
-    model, (x, y) = _mlp(0), _batch(0, n=2)
+    model, (x, y) = _mlp(0, hidden=4), _batch(0, n=2)
     plain = batch_gradient(model, x, y)
-    beta, clients, steps = 0.5, 400, 12
+    beta, clients, steps = 0.5, 200, 6
     hits = np.zeros(steps)
     for c in range(clients):
         d = gleak.create("defense", "outpost", beta=beta)
@@ -89,7 +89,7 @@ def test_outpost_perturbs_with_probability_one_over_one_plus_beta_t():
             g = d.client_gradient(model, x, y, rng)
             hits[t] += not all(torch.equal(g[n], plain[n]) for n in plain)
     share = hits / clients
-    expected = np.array([perturb_probability(t + 1, beta) for t in range(steps)])
+    expected = 1.0 / (1.0 + beta * np.arange(1, steps + 1))  # the paper's schedule, written out
     assert np.all(np.abs(share - expected) < 4 * np.sqrt(expected * (1 - expected) / clients) + 1e-9), (share, expected)
     assert expected[0] == pytest.approx(1 / 1.5) and share[0] > share[-1] + 0.3
 
@@ -137,3 +137,12 @@ def test_outpost_reset_restarts_the_schedule_and_is_deterministic():
         runs.append([d.client_gradient(model, x, y, rng) for _ in range(5)])
     assert all(torch.equal(a[n], b[n]) for a, b in zip(*runs) for n in a)
     assert d.iteration == 5
+
+
+def test_outpost_fisher_reading_of_the_code_is_one_value_per_column():
+    from gleak.defenses.outpost import fisher_diagonal
+
+    g = torch.tensor([[1.0, -2.0], [3.0, 0.0]])
+    assert torch.equal(fisher_diagonal(g, "entry"), g.pow(2))
+    assert torch.equal(fisher_diagonal(g, "code"), torch.tensor([[5.0, 2.0], [5.0, 2.0]]))
+    assert torch.equal(fisher_diagonal(torch.tensor([1.0, 3.0]), "code"), torch.tensor([5.0, 5.0]))
