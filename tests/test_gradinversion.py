@@ -79,8 +79,9 @@ def _psnr(seed: int, **params) -> float:
 
 
 def test_batchnorm_prior_beats_the_same_optimisation_without_it():
-    """Restored labels, 250 steps, one agent, no Langevin noise; with the prior (a_BN = 0.1) and without (0)."""
-    fast = dict(iterations=250, restarts=1, noise=0.0, labels="yin")
+    """Restored labels, 150 steps, one agent, no Langevin noise; with the prior (a_BN = 0.1) and without (0).
+    Measured: with 12.9, 15.9, 14.5 dB; without 12.6, 15.1, 12.5 dB (seeds 0, 1, 2)."""
+    fast = dict(iterations=150, restarts=1, noise=0.0, labels="yin")
     seeds = (0, 1, 2)
     with_prior = [_psnr(s, **fast) for s in seeds]
     without = [_psnr(s, **fast, bn=0.0) for s in seeds]
