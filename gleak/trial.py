@@ -164,8 +164,11 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     return scores
 
 
-def run_trial(cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str | Path | None = None) -> dict[str, Any]:
-    """Run one trial and return its row for the store. Never raises for a failing trial: the row says why."""
+def run_trial(
+    cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str | Path | None = None, on_images: Any = None
+) -> dict[str, Any]:
+    """Run one trial and return its row for the store. Never raises for a failing trial: the row says why.
+    on_images(truth, reconstruction), when given, receives the trial's images in [0, 1] (gleak.api keeps them)."""
     t0 = time.perf_counter()
     row: dict[str, Any] = {"trial_id": cfg.trial_id, "config": cfg.to_json(), "status": "ok", "error": None}
     try:
@@ -173,6 +176,8 @@ def run_trial(cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str
             torch.manual_seed(derive_seed(cfg.seed, "global"))
             scores = execute(cfg, lpips_weights)
         truth, rec = scores.pop("_images")
+        if on_images is not None:
+            on_images(truth, rec)
         if image_dir is not None and rec is not None:
             from gleak.figures import save_reconstruction
 
