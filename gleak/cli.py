@@ -135,9 +135,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         for n in names:
             print(f"{n:<{width}}  {registry.plugin_info(kind, n).summary}")
     elif what == "datasets":
-        from gleak.data import SUMMARIES
+        from gleak.data import list_datasets
 
-        for n, s in SUMMARIES.items():
+        for n, s in list_datasets():
             print(f"{n:<14} {s}")
     elif what == "suites":
         import tomllib
