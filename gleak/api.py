@@ -317,3 +317,69 @@ def results(folder: str | Path, *, flatten: bool = True) -> pd.DataFrame:
     else:
         raise InputError(f"{folder}: no results here (neither results.sqlite nor results.csv)")
     return flatten_params(df) if flatten else df
+
+
+# -- comparing two output folders ---------------------------------------------------------------------------------
+def _labels(df: pd.DataFrame, kind: str) -> list[str]:
+    """'name' or 'name (k=v, ...)' with the parameters that differ between the configurations of that name."""
+    from gleak.report import varying_keys
+
+    vary = varying_keys(df, kind)
+    out = []
+    for name, js in zip(df[kind], df[f"{kind}_params"]):
+        d = json.loads(js) if isinstance(js, str) and js else {}
+        shown = ", ".join(f"{k}={d[k]}" for k in sorted(vary.get(name, ())) if k in d)
+        out.append(f"{name} ({shown})" if shown else name)
+    return out
+
+
+def compare(a: str | Path, b: str | Path) -> pd.DataFrame:
+    """The leaderboard cells (case, defense config, attack config; aggregated over seeds as the leaderboard does) of
+    two output folders side by side: trials, mean PSNR and label accuracy in each, their differences (B - A), the
+    spread (the larger standard deviation of PSNR over seeds of the two) and whether the PSNR moved beyond it.
+    Column `in`: 'both', 'A' or 'B' (a cell only one folder has)."""
+    import math
+
+    import numpy as np
+
+    from gleak.report import CASE_KEYS, aggregate
+
+    frames = {"a": results(a, flatten=False), "b": results(b, flatten=False)}
+    keys = CASE_KEYS + ["variant", "defense", "defense_params", "attack", "attack_params"]
+    both = pd.concat([frames["a"], frames["b"]], ignore_index=True)
+    label = dict(zip(zip(both["defense"], both["defense_params"]), _labels(both, "defense")))
+    label.update(dict(zip(zip(both["attack"], both["attack_params"]), _labels(both, "attack"))))
+    aggs = {}
+    for side, df in frames.items():
+        g = aggregate(df) if len(df) else pd.DataFrame(columns=keys + ["trials", "psnr", "psnr_std", "label_acc"])
+        aggs[side] = g[keys + ["trials", "psnr", "psnr_std", "label_acc"]].astype({k: str for k in keys})
+    m = aggs["a"].merge(aggs["b"], on=keys, how="outer", suffixes=("_a", "_b"), indicator=True, sort=False)
+
+    def num(v: Any) -> float:
+        return float("nan") if v is None else float(v)
+
+    def diff(x: Any, y: Any) -> float:
+        x, y = num(x), num(y)
+        if math.isinf(x) and math.isinf(y) and (x > 0) == (y > 0):
+            return 0.0  # both exact: no change (inf - inf is not one)
+        return y - x
+
+    rows = []
+    for _, r in m.iterrows():
+        d_psnr = diff(r["psnr_a"], r["psnr_b"])
+        spread = float(np.nanmax([num(r["psnr_std_a"]), num(r["psnr_std_b"]), 0.0]))
+        d_lab = diff(r["label_acc_a"], r["label_acc_b"])
+        changed = any(not math.isnan(v) and v != 0 for v in (d_psnr, d_lab))
+        variant = f" ({r['variant']})" if r["variant"] not in ("", "nan") else ""
+        rows.append({
+            "case": f"{r['dataset']}/{r['model']}/B={r['batch_size']}{variant}",
+            "defense": label.get((r["defense"], r["defense_params"]), r["defense"]),
+            "attack": label.get((r["attack"], r["attack_params"]), r["attack"]),
+            "in": {"both": "both", "left_only": "A", "right_only": "B"}[r["_merge"]],
+            "trials_a": r["trials_a"], "trials_b": r["trials_b"],
+            "psnr_a": num(r["psnr_a"]), "psnr_b": num(r["psnr_b"]), "d_psnr": d_psnr, "spread": spread,
+            "label_acc_a": num(r["label_acc_a"]), "label_acc_b": num(r["label_acc_b"]), "d_label_acc": d_lab,
+            "changed": changed, "beyond_spread": bool(not math.isnan(d_psnr) and abs(d_psnr) > spread),
+            **{k: r[k] for k in ("defense_params", "attack_params")},
+        })  # fmt: skip
+    return pd.DataFrame(rows)
