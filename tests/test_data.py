@@ -191,3 +191,52 @@ def test_dirichlet_shards_partition_the_data_and_skew_the_labels_more_as_alpha_f
     assert all(torch.equal(x, y) for x, y in zip(a, b))  # a function of the generator alone
     with pytest.raises(InputError, match="dirichlet_alpha"):
         client_shards(labels, 8, generator(0, "s"), 0.0)
+
+
+def test_published_utility_ids_are_unchanged_by_the_new_utility_key():
+    """dirichlet_alpha left at None is not part of a utility run's id: the published runs stay valid."""
+    import csv
+    import json
+    import tomllib
+    from pathlib import Path
+
+    from gleak import registry
+    from gleak.config import UtilityConfig
+    from gleak.utility import utility_id
+
+    root = Path(__file__).resolve().parent.parent
+    raw = tomllib.loads((root / "suites" / "defense-costs.toml").read_text())["utility"]
+    cfg = UtilityConfig(**{**raw, "model_params": registry.check_params("model", raw["model"], raw.get("model_params", {}))})
+    rows = list(csv.DictReader((root / "results" / "defense-costs" / "utility.csv").open()))
+    assert len(rows) > 10
+    for r in rows:
+        assert utility_id(cfg, r["defense"], json.loads(r["defense_params"])) == r["utility_id"]
+    skewed = UtilityConfig(**{**cfg.to_dict(), "dirichlet_alpha": 0.5})
+    assert utility_id(skewed, "none", {}) != utility_id(cfg, "none", {})
+
+
+def test_utility_runs_train_on_dirichlet_shards_when_asked(tmp_path, utility_suite, monkeypatch):
+    """[utility] dirichlet_alpha reaches the training loop's shards; a bad value is one line naming the key."""
+    from gleak import utility
+    from gleak.suite import load_suite
+
+    text = utility_suite.replace("clients = 2\n", "clients = 2\ndirichlet_alpha = 0.1\n")
+    (tmp_path / "s.toml").write_text(text)
+    cfg = load_suite(tmp_path / "s.toml").utility
+    assert cfg.dirichlet_alpha == 0.1
+    seen = []
+    real = utility.client_shards
+
+    def spy(labels, clients, gen, alpha=None, min_size=1):
+        shards = real(labels, clients, gen, alpha, min_size)
+        seen.append((alpha, min_size, [len(s) for s in shards]))
+        return shards
+
+    monkeypatch.setattr(utility, "client_shards", spy)
+    train, test = utility.load_utility_data(cfg)
+    out = utility.federated_training(cfg, "none", {}, train, test)
+    assert 0 <= out["accuracy"] <= 1
+    assert seen[0][0] == 0.1 and seen[0][1] == cfg.batch_size and sum(seen[0][2]) == len(train)  # all samples dealt
+    (tmp_path / "bad.toml").write_text(text.replace("dirichlet_alpha = 0.1", "dirichlet_alpha = 0.0"))
+    with pytest.raises(InputError, match=r"\[utility\] key 'dirichlet_alpha': must be > 0"):
+        load_suite(tmp_path / "bad.toml")
