@@ -24,7 +24,8 @@ import pandas as pd
 from torch import Tensor
 
 from gleak.config import TrialConfig
-from gleak.errors import GleakError, InputError
+from gleak.errors import GleakError, InputError, UnsupportedCase
+from gleak.store import NOT_APPLICABLE
 
 API_SUITE = "python"  # the suite name of trials run by run_trial (not part of the trial id)
 
@@ -168,7 +169,8 @@ def run_trial(
     Either a TrialConfig, or attack / defense (a registered name, or a dict {"name": ..., parameter: value}),
     protocol (None: the default FedSGD round), seed and the [case] keys (dataset, model, batch_size, ...).
     threads: torch threads during the trial (1, the default of `gleak run`, gives the suite's bit-identical
-    numbers; None leaves torch's setting). check: raise TrialFailed when the trial fails, else return its row."""
+    numbers; None leaves torch's setting). check: raise TrialFailed when the trial fails (UnsupportedCase when it is
+    not applicable: status "not-applicable"), else return the result with its row."""
     import torch
 
     from gleak.trial import run_trial as _run_trial
@@ -191,6 +193,8 @@ def run_trial(
         row = _run_trial(config, lpips_weights, None, on_images=keep)
     finally:
         torch.set_num_threads(previous)
+    if check and row["status"] == NOT_APPLICABLE:
+        raise UnsupportedCase(f"trial {config.trial_id} ({config.attack} vs {config.defense}) is not applicable: {row['error']}")
     if check and row["status"] != "ok":
         raise TrialFailed(f"trial {config.trial_id} ({config.attack} vs {config.defense}) failed: {row['error']}\n"
                           f"{row.get('traceback', '')}", row)  # fmt: skip

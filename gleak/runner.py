@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gleak.config import CaseConfig, TrialConfig
-from gleak.store import CommitThread, Store, release_lock, take_lock
+from gleak.store import DONE, CommitThread, Store, release_lock, take_lock
 from gleak.suite import Suite
 from gleak.workers import Finished, TrialEnv, run_in_process, run_pool
 
@@ -202,8 +202,8 @@ def run_suite(
         def stored(done: Finished) -> None:
             nonlocal failed
             for cfg, row in done:
-                failed += row["status"] != "ok"
-                bar.update(costs[cfg.trial_id], row["status"] == "ok")
+                failed += row["status"] not in DONE
+                bar.update(costs[cfg.trial_id], row["status"] in DONE)
 
         writer = CommitThread(store, stored)
         try:
@@ -223,7 +223,7 @@ def run_suite(
         # Count failures over the whole suite, not only this run's trials.
         failed_total = int(
             store.db.execute(
-                "SELECT COUNT(*) FROM membership m JOIN trials t ON t.trial_id = m.trial_id WHERE t.status != 'ok'"
+                "SELECT COUNT(*) FROM membership m JOIN trials t ON t.trial_id = m.trial_id WHERE t.status NOT IN (?, ?)", DONE
             ).fetchone()[0]
         )
         write_reports(out, suite.name, suite.description)

@@ -21,6 +21,8 @@ from torch import nn
 
 from gleak.config import TrialConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset, sample_indices
+from gleak.errors import UnsupportedCase
+from gleak.store import NOT_APPLICABLE
 from gleak.metrics import relative_distance, score
 from gleak.plugin import Attack, Defense
 from gleak.pretrain import build_model
@@ -189,6 +191,8 @@ def run_trial(
             if isinstance(v, float) and math.isnan(v):
                 raise FloatingPointError(f"metric {k} is NaN")
         row.update(scores)
+    except UnsupportedCase as exc:  # the plugin cannot handle this case: not applicable, not a failure
+        row.update(status=NOT_APPLICABLE, error=_one_line(exc))
     except Exception as exc:  # noqa: BLE001 - a failing trial is data, not a crash
         row.update(status="failed", error=_one_line(exc), traceback=traceback.format_exc(limit=8))
     row["extra"] = json.dumps(row.get("extra") or {}, sort_keys=True)

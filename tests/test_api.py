@@ -110,13 +110,24 @@ def test_protocol_is_passed_as_the_suite_passes_it():
         gleak.trial_config("closed-form", "topk", protocol="secure-aggregation", clients=2)
 
 
-def test_a_failed_trial_raises_with_its_reason_or_returns_its_row():
+def test_a_not_applicable_trial_raises_unsupported_case_or_returns_its_row():
     # closed-form needs a linear first layer: on LeNet it cannot run
-    with pytest.raises(gleak.TrialFailed, match="UnsupportedCase") as info:
+    with pytest.raises(gleak.UnsupportedCase, match="not applicable: UnsupportedCase"):
         gleak.run_trial(attack="closed-form", model="lenet")
-    assert info.value.row["status"] == "failed"
     r = gleak.run_trial(attack="closed-form", model="lenet", check=False)
-    assert r.status == "failed" and "UnsupportedCase" in r.error and r.truth is None
+    assert r.status == "not-applicable" and "UnsupportedCase" in r.error and r.truth is None
+
+
+def test_a_failed_trial_raises_trial_failed_with_its_reason(monkeypatch):
+    from gleak import trial
+
+    def broken(*a, **k):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(trial, "execute", broken)
+    with pytest.raises(gleak.TrialFailed, match="RuntimeError: broken on purpose") as info:
+        gleak.run_trial(attack="closed-form")
+    assert info.value.row["status"] == "failed" and "Traceback" in info.value.row["traceback"]
 
 
 def _params_match(df) -> None:

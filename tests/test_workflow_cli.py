@@ -158,3 +158,37 @@ name = "none"
     for name in rows["image"]:
         w, h = Image.open(out / "images" / name).size
         assert (w, h) == (64 + 4, 2 * (64 + 2) + 2)  # one 64x64 image above its 64x64 reconstruction
+
+
+def test_unsupported_cases_are_not_applicable_exit_0_and_not_retried(tmp_path, gleak_cmd, run_env):
+    """closed-form cannot attack LeNet (no linear first layer): those trials are stored as "not-applicable" with the reason, the
+    run exits 0, the leaderboard says so, and a rerun does not compute them again."""
+    suite = tmp_path / "conv.toml"
+    suite.write_text("""
+[suite]
+name = "conv"
+seeds = [0, 1]
+[case]
+dataset = "skimage"
+model = "lenet"
+batch_size = 1
+[[attack]]
+name = "closed-form"
+[[attack]]
+name = "idlg"
+[[defense]]
+name = "none"
+""")
+    out = tmp_path / "out"
+    r = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
+    assert r.returncode == 0, r.stderr
+    assert "2 trials run" not in r.stderr and "0 failed" in r.stderr
+    rows = pd.read_csv(out / "results.csv")
+    na = rows[rows["attack"] == "closed-form"]
+    assert len(na) == 2 and (na["status"] == "not-applicable").all() and na["error"].str.startswith("UnsupportedCase").all()
+    assert (rows[rows["attack"] == "idlg"]["status"] == "ok").all()
+    md = (out / "leaderboard.md").read_text()
+    assert "4 trials: 2 ok, 0 failed, 2 not applicable" in md and "## Not applicable" in md
+    assert "## Failed trials" not in md
+    again = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
+    assert again.returncode == 0 and "0 trials run, 4 already stored" in again.stderr
