@@ -1,7 +1,7 @@
 """Execute a suite's trials, in this process, on local worker processes, or as Ray tasks, writing each finished
 trial to the store at once.
 
-- Trials already stored as 'ok' are skipped, so a rerun after an interruption computes only what is missing;
+- Trials already stored as 'ok' (or 'not-applicable') are skipped, so a rerun after an interruption computes only what is missing;
   a run killed at any point loses only the trials in flight.
 - The output folder is locked before anything in it is touched: a second run on it stops with one line (exit 2).
 - Trials start longest first (by `estimated_costs`), so that no long trial is left to run alone at the end.

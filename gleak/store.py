@@ -1,7 +1,7 @@
 """The results store: one SQLite file in the output folder, one row per trial keyed by the trial's config hash.
 
 Every finished trial is committed at once, so an interrupted run loses at most the trials in flight; a rerun skips
-trials whose row says 'ok'. Rows are never deleted. A lock file keeps two runs from writing one folder at once.
+trials whose row says 'ok' or 'not-applicable'. Rows are never deleted. A lock file keeps two runs from writing one folder at once.
 """
 from __future__ import annotations
 
