@@ -1,11 +1,16 @@
 """gleak: a benchmarking suite for gradient-leakage attacks and defenses.
 
-The public API in one place::
+The public API in one place (gleak.api; README "Python")::
 
     import gleak
-    gleak.list_plugins("attack")                 # ['closed-form', 'idlg', ...]
-    atk = gleak.create("attack", "closed-form")  # a configured plugin instance
-    result = gleak.run_trial(config)             # one trial, end to end (see gleak.trial)
+    gleak.list_plugins("attack")                   # ['closed-form', 'idlg', ...]
+    atk = gleak.create("attack", "closed-form")    # a configured plugin instance
+    r = gleak.run_trial(attack="closed-form", defense={"name": "topk", "ratio": 0.9}, batch_size=4)
+    r.metrics["psnr"], r.truth, r.reconstruction   # a TrialResult; r.plot() draws truth above reconstruction
+    gleak.run_trial(config)                        # or a gleak.config.TrialConfig
+    s = gleak.run("quick", out="/tmp/q")           # a suite, as `gleak run` (a RunResult: counts, out, rows)
+    df = gleak.results("results/quick")            # an output folder as a DataFrame, one column per parameter
+    gleak.list_datasets()                          # data sets; gleak.register_dataset adds one
 """
 from __future__ import annotations
 
@@ -25,12 +30,30 @@ from gleak.registry import (  # noqa: E402
     create, list_plugins, register_attack, register_defense, register_model, register_protocol,
 )  # fmt: skip
 
+_API = ("run_trial", "run", "results", "trial_config", "TrialResult", "RunResult", "TrialFailed")
+_DATA = ("register_dataset", "list_datasets")
+
+
+def __getattr__(name: str):  # the API imports pandas and the data module torch: only when asked (the CLI starts fast)
+    if name in _API:
+        from gleak import api
+
+        return getattr(api, name)
+    if name in _DATA:
+        from gleak import data
+
+        return getattr(data, name)
+    raise AttributeError(f"module 'gleak' has no attribute {name!r}")
+
+
 __all__ = [
     "GleakError",
     "InputError",
     "UnknownPluginError",
     "UnsupportedCase",
     "create",
+    *_API,
+    *_DATA,
     "list_plugins",
     "register_attack",
     "register_defense",

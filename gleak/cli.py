@@ -6,6 +6,8 @@
     gleak plot DIR                                                regenerate the figures (DIR/figures/*.png)
     gleak list [attacks|defenses|models|datasets|suites] [PATTERN]
     gleak check-plugin NAME_OR_FILE [--kind attack|defense|protocol]
+    gleak show attack|defense|protocol|model NAME [--plugin FILE]  a plugin's parameters, defaults, choices, needs, docstring
+    gleak compare DIR1 DIR2 [--all]                              per-cell differences of two output folders, with the spread
 
 Exit status: 0 when every trial ran, 1 when some trials failed (their rows say why), 2 on bad input (nothing run,
 nothing stored changed).
@@ -135,9 +137,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         for n in names:
             print(f"{n:<{width}}  {registry.plugin_info(kind, n).summary}")
     elif what == "datasets":
-        from gleak.data import SUMMARIES
+        from gleak.data import list_datasets
 
-        for n, s in SUMMARIES.items():
+        for n, s in list_datasets():
             print(f"{n:<14} {s}")
     elif what == "suites":
         import tomllib
@@ -191,6 +193,99 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
     return EXIT_OK if not failed else EXIT_FAILED_TRIALS
 
 
+# -- show / compare (the researcher's workflow, issue 14) --------------------------------------------------------
+def _plugin_for_show(kind: str, name: str):
+    """(kind the plugin was found under, its PluginInfo). Until Protocol plugins exist (issue 12) a protocol is a
+    defense (secure-aggregation, cgd): `show protocol NAME` then looks among the defenses."""
+    from gleak import registry
+
+    try:
+        return kind, registry.plugin_info(kind, name)
+    except InputError:
+        if kind != "protocol" or "protocol" in registry.KINDS:
+            raise
+    return "defense", registry.plugin_info("defense", name)
+
+
+def show_text(kind: str, name: str) -> str:
+    """What `gleak show KIND NAME` prints: the parameters (type or choices, default), needs, flags, the docstring."""
+    import inspect
+
+    from gleak import registry
+
+    found, info = _plugin_for_show(kind, name)
+    obj = info.obj
+    where = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}"
+    lines = [f"{found} {info.name}" + (" (a protocol defense)" if found != kind else "") + f"  [{info.source}: {where}]",
+             f"  {info.summary}", "", "parameters:"]  # fmt: skip
+    reserved = registry._registry(found).reserved
+    shown = [p for p in info.params.values() if p.name not in reserved]
+    width = max((len(p.name) for p in shown), default=0)
+    for p in shown:
+        default = "required" if p.default is inspect.Parameter.empty else f"default {p.default!r}"
+        lines.append(f"  {p.name:<{width}}  {registry._type_name(p.annotation)}; {default}")
+    if not shown:
+        lines.append("  (none)")
+    if found in ("attack", "defense"):
+        try:
+            instance = registry.create(found, info.name)
+        except InputError:  # required parameters: read the class
+            instance = obj
+        if found == "attack":
+            needs = sorted(getattr(instance, "needs", ()))
+            lines += ["", f"needs: {', '.join(needs) or 'nothing'}", f"active: {'yes' if getattr(obj, 'active', False) else 'no'}"]
+        else:
+            lines += ["", f"stateful: {'yes' if getattr(obj, 'stateful', False) else 'no'}"]
+        conf = getattr(obj, "conformance_params", None)
+        if conf:
+            lines.append(f"check-plugin runs it with: {', '.join(f'{k}={v!r}' for k, v in conf.items())}")
+    doc = (inspect.getdoc(obj) or "").strip()
+    if doc.startswith(info.summary):  # printed at the top already
+        doc = doc[len(info.summary) :].strip()
+    if doc:
+        lines += ["", doc]
+    return "\n".join(lines)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    _load_plugins(args.plugin)
+    print(show_text(args.kind, args.name))
+    return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from gleak.api import compare
+
+    table = compare(args.dir1, args.dir2)
+    both = table[table["in"] == "both"]
+    moved = both[both["beyond_spread"]]
+    print(f"{args.dir1} (A) vs {args.dir2} (B): {len(both)} cells in both, {len(moved)} moved beyond their spread, "
+          f"{int((table['in'] == 'A').sum())} only in A, {int((table['in'] == 'B').sum())} only in B")  # fmt: skip
+    shown = table if args.all else table[(table["in"] != "both") | table["beyond_spread"] | table["changed"]]
+    if len(shown):
+        cols = ["case", "defense", "attack", "in", "trials_a", "trials_b", "psnr_a", "psnr_b", "d_psnr", "spread",
+                "label_acc_a", "label_acc_b", "d_label_acc"]  # fmt: skip
+        print()
+        print(shown[cols].to_markdown(index=False, floatfmt=".3g"))
+    elif len(both):
+        print("every cell in both folders has the same aggregates")
+    return EXIT_OK
+
+
+def _add_workflow_commands(sub) -> None:
+    sh = sub.add_parser("show", help="a plugin's parameters, defaults, choices, needs and docstring")
+    sh.add_argument("kind", choices=["attack", "defense", "protocol", "model"])
+    sh.add_argument("name")
+    sh.add_argument("--plugin", action="append", help="a Python file that registers plugins (repeatable)")
+    sh.set_defaults(func=cmd_show)
+
+    cm = sub.add_parser("compare", help="per-cell differences of two output folders' leaderboard cells, with the spread")
+    cm.add_argument("dir1")
+    cm.add_argument("dir2")
+    cm.add_argument("--all", action="store_true", help="also the cells whose aggregates are unchanged")
+    cm.set_defaults(func=cmd_compare)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gleak", description="Benchmark gradient-leakage attacks and defenses.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -226,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("target")
     cp.add_argument("--kind", choices=["attack", "defense", "protocol"])
     cp.set_defaults(func=cmd_check_plugin)
+    _add_workflow_commands(sub)
     return p
 
 

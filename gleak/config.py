@@ -166,9 +166,15 @@ class UtilityConfig:
     local_steps: int = 1  # fedavg only
     delta: float = 1e-5  # of the (epsilon, delta) reported for defenses that define one
     seed: int = 0
+    # None: IID client shards; alpha > 0: label-skewed shards, a Dirichlet(alpha) share per class (gleak.data.client_shards)
+    dirichlet_alpha: float | None = None
+
+    # Fields added after UTILITY_FORMAT 1: in to_dict (hence the utility id) only when set, so stored runs stay valid.
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"dirichlet_alpha": None}
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if k not in self.LATER_FIELDS or v != self.LATER_FIELDS[k]}
 
 
 UTILITY_FIELDS = {f.name: f for f in dataclasses.fields(UtilityConfig)}
@@ -188,6 +194,8 @@ def check_utility_values(u: UtilityConfig) -> list[tuple[str, str]]:
         problems.append(("resolution", f"must be >= 4, got {u.resolution}"))
     if u.channels not in (None, 1, 3):
         problems.append(("channels", f"must be 1 or 3, got {u.channels}"))
+    if u.dirichlet_alpha is not None and not u.dirichlet_alpha > 0:
+        problems.append(("dirichlet_alpha", f"must be > 0, got {u.dirichlet_alpha}"))
     if u.algorithm == "fedsgd" and u.local_steps != 1:
         problems.append(("local_steps", "applies to algorithm 'fedavg' only"))
     return problems

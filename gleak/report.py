@@ -19,7 +19,7 @@ from gleak.errors import InputError
 from gleak.figures import atomic_write_bytes
 from gleak.registry import plugin_info
 from gleak.metrics import LPIPS_HOWTO, PARTIAL_MSE, RECOVERED_MSE, verdict
-from gleak.store import CSV_COLUMNS, Store
+from gleak.store import CSV_COLUMNS, DONE, NOT_APPLICABLE, Store
 from gleak.utility import utility_config, utility_frame
 
 CASE_KEYS = ["dataset", "model", "batch_size"]
@@ -106,7 +106,8 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
         ok = g[g.status == "ok"]
         row = dict(zip(keys, key))
         row["trials"] = len(g)
-        row["failed"] = int((g.status != "ok").sum())
+        row["failed"] = int((~g.status.isin(DONE)).sum())
+        row["not_applicable"] = int((g.status == NOT_APPLICABLE).sum())
         has_img = ok["mse"].notna().any()
         mse = ok["mse"].dropna()
         row["psnr"] = float(ok["psnr"].dropna().mean()) if has_img else None
@@ -271,13 +272,14 @@ def leaderboard_document(
 ) -> list[tuple]:  # fmt: skip
     """The leaderboard as blocks, rendered to Markdown and HTML alike: ("h1"|"h2"|"h3"|"p", text),
     ("table", header, rows), ("list", items), ("figure", relative path, caption)."""
-    ok, failed = int((df.status == "ok").sum()), int((df.status != "ok").sum())
+    ok, failed = int((df.status == "ok").sum()), int((~df.status.isin(DONE)).sum())
+    n_a = int((df.status == NOT_APPLICABLE).sum())
     vd, va = varying_keys(df, "defense"), varying_keys(df, "attack")
     doc: list[tuple] = [("h1", f"Leaderboard: {suite}")]
     if description:
         doc.append(("p", description.strip()))
     doc.append(("p",
-        f"{len(df)} trials: {ok} ok, {failed} failed. Written by `gleak run`; regenerate with `gleak leaderboard DIR`. "
+        f"{len(df)} trials: {ok} ok, {failed} failed" + (f", {n_a} not applicable" if n_a else "") + ". Written by `gleak run`; regenerate with `gleak leaderboard DIR`. "
         f"Verdict of the median MSE (DLG Fig. 6 bands, seed 002): MSE < {RECOVERED_MSE} recovered, < {PARTIAL_MSE} "
         "partial, else defended. PSNR, SSIM, LPIPS, cosine: means over trials after optimal matching; "
         "'recovered' is the share of trials below the recovered band."))  # fmt: skip
@@ -352,13 +354,17 @@ def leaderboard_document(
              "cosine", "label acc", "labels exact", "recovered", "verdict", "grad dist", "diagnostics"]  # fmt: skip
         rows = [[r["defense"], _params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"])), r["attack"],
                  _params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
-                 f"{r['trials'] - r['failed']}/{r['trials']}", _fmt(r["psnr"], "2"), _fmt(r["mse_median"], "e"),
+                 "n/a" if r["not_applicable"] == r["trials"] else f"{r['trials'] - r['failed'] - r['not_applicable']}/{r['trials']}", _fmt(r["psnr"], "2"), _fmt(r["mse_median"], "e"),
                  _fmt(r["ssim"], "3"), _fmt(r["lpips"], "3"), _fmt(r["cosine"], "3"), _fmt(r["label_acc"], "3"),
                  _s(r["labels_exact"]), _fmt(r["recovered"], "pct"), _s(r["verdict"]),
                  _fmt(r["grad_dist"], "3"), _extras_text(r["extra"])] for _, r in g.iterrows()]  # fmt: skip
         doc.append(("table", h, rows))
+    if n_a:
+        why = df[df.status == NOT_APPLICABLE].groupby(["attack", "defense", "error"], dropna=False).size().reset_index(name="n")
+        doc += [("h2", "Not applicable"), ("table", ["attack", "defense", "reason", "trials"],
+                 [[r["attack"], r["defense"], str(r["error"]), str(r["n"])] for _, r in why.iterrows()])]  # fmt: skip
     if failed:
-        errs = df[df.status != "ok"].groupby(["attack", "defense", "error"], dropna=False).size().reset_index(name="n")
+        errs = df[~df.status.isin(DONE)].groupby(["attack", "defense", "error"], dropna=False).size().reset_index(name="n")
         doc += [("h2", "Failed trials"), ("table", ["attack", "defense", "error", "trials"],
                  [[r["attack"], r["defense"], str(r["error"]), str(r["n"])] for _, r in errs.iterrows()])]  # fmt: skip
     footnotes = list(notes or [])

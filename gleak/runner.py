@@ -1,7 +1,7 @@
 """Execute a suite's trials, in this process, on local worker processes, or as Ray tasks, writing each finished
 trial to the store at once.
 
-- Trials already stored as 'ok' are skipped, so a rerun after an interruption computes only what is missing;
+- Trials already stored as 'ok' (or 'not-applicable') are skipped, so a rerun after an interruption computes only what is missing;
   a run killed at any point loses only the trials in flight.
 - The output folder is locked before anything in it is touched: a second run on it stops with one line (exit 2).
 - Trials start longest first (by `estimated_costs`), so that no long trial is left to run alone at the end.
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gleak.config import CaseConfig, TrialConfig
-from gleak.store import CommitThread, Store, release_lock, take_lock
+from gleak.store import DONE, CommitThread, Store, release_lock, take_lock
 from gleak.suite import Suite
 from gleak.workers import Finished, TrialEnv, run_in_process, run_pool
 
@@ -202,8 +202,8 @@ def run_suite(
         def stored(done: Finished) -> None:
             nonlocal failed
             for cfg, row in done:
-                failed += row["status"] != "ok"
-                bar.update(costs[cfg.trial_id], row["status"] == "ok")
+                failed += row["status"] not in DONE
+                bar.update(costs[cfg.trial_id], row["status"] in DONE)
 
         writer = CommitThread(store, stored)
         try:
@@ -223,7 +223,7 @@ def run_suite(
         # Count failures over the whole suite, not only this run's trials.
         failed_total = int(
             store.db.execute(
-                "SELECT COUNT(*) FROM membership m JOIN trials t ON t.trial_id = m.trial_id WHERE t.status != 'ok'"
+                "SELECT COUNT(*) FROM membership m JOIN trials t ON t.trial_id = m.trial_id WHERE t.status NOT IN (?, ?)", DONE
             ).fetchone()[0]
         )
         write_reports(out, suite.name, suite.description)

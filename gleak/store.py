@@ -1,7 +1,7 @@
 """The results store: one SQLite file in the output folder, one row per trial keyed by the trial's config hash.
 
 Every finished trial is committed at once, so an interrupted run loses at most the trials in flight; a rerun skips
-trials whose row says 'ok'. Rows are never deleted. A lock file keeps two runs from writing one folder at once.
+trials whose row says 'ok' or 'not-applicable'. Rows are never deleted. A lock file keeps two runs from writing one folder at once.
 """
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ from gleak.config import TrialConfig
 from gleak.errors import InputError
 
 DB_NAME = "results.sqlite"
+# The status of a trial whose plugin raised UnsupportedCase: stored, not retried, not a failure (exit status 0);
+# the leaderboard shows such a cell as "n/a".
+NOT_APPLICABLE = "not-applicable"  # not "n/a": pandas reads that as a missing value
+DONE = ("ok", NOT_APPLICABLE)  # statuses a rerun does not recompute
 LOCK_NAME = ".lock"
 # tempfile.mkstemp(prefix=".NAME.") names: the prefix, then 8 characters from [a-z0-9_].
 _PARTIAL = re.compile(r"^\..+\.(png|csv|md|tex|html|json|svg|pdf)\.[a-z0-9_]{8}$")
@@ -202,7 +206,7 @@ class Store:
 
     # -- reading ------------------------------------------------------------------------------------------
     def finished_ids(self) -> set[str]:
-        return {r[0] for r in self.db.execute("SELECT trial_id FROM trials WHERE status = 'ok'")}
+        return {r[0] for r in self.db.execute("SELECT trial_id FROM trials WHERE status IN (?, ?)", DONE)}
 
     def frame(self, members_only: bool = True):
         """The trials as a pandas DataFrame in suite order (the current suite's trials when members_only)."""

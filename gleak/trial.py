@@ -22,6 +22,7 @@ from gleak.config import TrialConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset, sample_indices
 from gleak.errors import UnsupportedCase
 from gleak.gate import attacker_knowledge, observation, observer_model  # noqa: F401 - observer_model: public here
+from gleak.store import NOT_APPLICABLE
 from gleak.metrics import relative_distance, score
 from gleak.plugin import Attack, Defense
 from gleak.pretrain import build_model
@@ -149,8 +150,11 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     return scores
 
 
-def run_trial(cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str | Path | None = None) -> dict[str, Any]:
-    """Run one trial and return its row for the store. Never raises for a failing trial: the row says why."""
+def run_trial(
+    cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str | Path | None = None, on_images: Any = None
+) -> dict[str, Any]:
+    """Run one trial and return its row for the store. Never raises for a failing trial: the row says why.
+    on_images(truth, reconstruction), when given, receives the trial's images in [0, 1] (gleak.api keeps them)."""
     t0 = time.perf_counter()
     row: dict[str, Any] = {"trial_id": cfg.trial_id, "config": cfg.to_json(), "status": "ok", "error": None}
     try:
@@ -158,6 +162,8 @@ def run_trial(cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str
             torch.manual_seed(derive_seed(cfg.seed, "global"))
             scores = execute(cfg, lpips_weights)
         truth, rec = scores.pop("_images")
+        if on_images is not None:
+            on_images(truth, rec)
         if image_dir is not None and rec is not None:
             from gleak.figures import save_reconstruction
 
@@ -169,6 +175,8 @@ def run_trial(cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str
             if isinstance(v, float) and math.isnan(v):
                 raise FloatingPointError(f"metric {k} is NaN")
         row.update(scores)
+    except UnsupportedCase as exc:  # the plugin cannot handle this case: not applicable, not a failure
+        row.update(status=NOT_APPLICABLE, error=_one_line(exc))
     except Exception as exc:  # noqa: BLE001 - a failing trial is data, not a crash
         row.update(status="failed", error=_one_line(exc), traceback=traceback.format_exc(limit=8))
     row["extra"] = json.dumps(row.get("extra") or {}, sort_keys=True)

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 
 from gleak.config import UtilityConfig, derive_seed, generator
-from gleak.data import ImageDataset, load_dataset
+from gleak.data import ImageDataset, client_shards, load_dataset
 from gleak.models import create_model
 from gleak.plugin import Defense
 from gleak.protocol import Protocol, Schedule, Setup, run_rounds
@@ -135,7 +135,7 @@ def federated_training(
     model = defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model"))  # PRECODE's bottleneck
     x, y = train.normalized().to(dtype), train.y
     xt, yt = test.normalized().to(dtype), test.y
-    parts = shards(len(train), cfg.clients, cfg.seed)
+    parts = client_shards(train.y, cfg.clients, generator(cfg.seed, "utility-shards"), cfg.dirichlet_alpha, cfg.batch_size * cfg.local_steps)
     data_rng = generator(cfg.seed, "utility-data")  # the same stream for every defense: paired comparison
     defense_rng = generator(cfg.seed, "utility-defense")
     client_rngs = [generator(cfg.seed, f"utility-client/{i}") for i in range(cfg.clients)]

@@ -69,14 +69,25 @@ def test_run_writes_the_output_contract_and_rerun_skips(tmp_path, gleak_cmd, run
 
 
 def test_failed_trials_exit_1_and_say_why(tmp_path, gleak_cmd, run_env):
-    suite = tmp_path / "conv.toml"
-    suite.write_text(SMALL.replace('model = "mlp"', 'model = "lenet"').replace("batch_size = [1, 2]", "batch_size = 1"))
+    plugin = tmp_path / "boom.py"  # an attack that raises: a failure (an UnsupportedCase would be not-applicable)
+    plugin.write_text(textwrap.dedent('''
+        from gleak import register_attack
+        from gleak.plugin import Attack
+
+        @register_attack("boom")
+        class Boom(Attack):
+            """Raises (a test)."""
+            def reconstruct(self, observation, rng):
+                raise RuntimeError("boom on purpose")
+    '''))
+    suite = tmp_path / "boom.toml"
+    suite.write_text(SMALL.replace('name = "closed-form"', 'name = "boom"').replace("batch_size = [1, 2]", "batch_size = 1"))
     out = tmp_path / "out"
-    r = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
+    r = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress", "--plugin", str(plugin)], run_env)
     assert r.returncode == 1
     rows = list(csv.DictReader((out / "results.csv").open()))
     failed = [x for x in rows if x["status"] == "failed"]
-    assert failed and all(x["attack"] == "closed-form" and "UnsupportedCase" in x["error"] for x in failed)
+    assert failed and all(x["attack"] == "boom" and "RuntimeError: boom on purpose" in x["error"] for x in failed)
     assert all(x["status"] == "ok" for x in rows if x["attack"] == "idlg")
 
 

@@ -80,7 +80,7 @@ def test_closed_form_refuses_a_conv_model_cleanly():
     from gleak.trial import run_trial
 
     row = run_trial(TrialConfig("t", "closed-form", {}, "none", {}, CaseConfig(model="lenet"), 0))
-    assert row["status"] == "failed" and row["error"].startswith("UnsupportedCase")
+    assert row["status"] == "not-applicable" and row["error"].startswith("UnsupportedCase")  # not applicable, not a failure
 
 
 def test_everything_pruned_falls_back_to_the_mean_image():
