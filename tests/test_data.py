@@ -1,5 +1,6 @@
 import pytest
 import torch
+import gleak
 
 from gleak.data import load_dataset, sample_indices
 from gleak.errors import DatasetMissing, InputError
@@ -234,7 +235,7 @@ def test_utility_runs_train_on_dirichlet_shards_when_asked(tmp_path, utility_sui
 
     monkeypatch.setattr(utility, "client_shards", spy)
     train, test = utility.load_utility_data(cfg)
-    out = utility.federated_training(cfg, "none", {}, train, test)
+    out = utility.federated_training(cfg, gleak.create("protocol", "fedsgd"), ("none", {}), train, test)
     assert 0 <= out["accuracy"] <= 1
     assert seen[0][0] == 0.1 and seen[0][1] == cfg.batch_size and sum(seen[0][2]) == len(train)  # all samples dealt
     (tmp_path / "bad.toml").write_text(text.replace("dirichlet_alpha = 0.1", "dirichlet_alpha = 0.0"))
