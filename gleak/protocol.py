@@ -194,6 +194,15 @@ class Schedule:
     wire_rng: Callable[[int], torch.Generator]
 
 
+def _client_copy(model: nn.Module) -> nn.Module:
+    """The model a client computes at. A client gets the server's model and computes on its own copy: a train-mode
+    forward moves BatchNorm's running statistics, and those are the client's own (FedSGD sends gradients only), so
+    they must not reach the server's model, the next client or the observer (whose copy would otherwise hold a
+    share of the victim batch's statistics, which GradInversion's BN prior reads). Models without buffers are
+    used as they are (parameters are never modified in place by a client)."""
+    return copy.deepcopy(model) if any(True for _ in model.buffers()) else model
+
+
 def run_rounds(
     protocol: Protocol, defenses: list[Defense], models: list[nn.Module], rounds: int, schedule: Schedule, lr: float,
     *, observe: bool = True, step_last: bool = True, on_round: Callable[[int, list[nn.Module]], None] | None = None,
@@ -206,7 +215,7 @@ def run_rounds(
     seen = []
     for r in range(rounds):
         batches, crngs, wire = schedule.batches(r), schedule.client_rngs(r), schedule.wire_rng(r)
-        updates = [protocol.client_update(m, b, d, g) for m, b, d, g in zip(models, batches, defenses, crngs)]
+        updates = [protocol.client_update(_client_copy(m), b, d, g) for m, b, d, g in zip(models, batches, defenses, crngs)]
         sent = transmit(defenses, updates, wire, f"round {r + 1}: " if rounds > 1 else "")
         view = held = None
         if observe:
