@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import time
 import traceback
@@ -21,6 +20,7 @@ from torch import nn
 
 from gleak.config import TrialConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset, sample_indices
+from gleak.guards import extra_json, unmodified
 from gleak.metrics import relative_distance, score
 from gleak.plugin import Attack, Defense
 from gleak.pretrain import build_model
@@ -101,7 +101,7 @@ def warm_up(
         batches = draw_batches(ds, cfg, DTYPES[cfg.case.dtype], f"data/round-{r}")
         updates = [client_update(model, b, cfg, d, i, f"/round-{r}") for i, (b, d) in enumerate(zip(batches, defenses))]
         rng = generator(cfg.seed, f"defense/round-{r}")
-        sent = transmit(defenses, updates, rng)
+        sent = unmodified(transmit, defenses, updates, rng)
         seen.append(Observation(defenses[0].observe(sent, rng), knowledge, observer_model(attack, model, cfg)))
         model = server_step(model, sent, cfg.case.local_lr)
     return model, tuple(seen)
@@ -144,7 +144,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
         if r:
             models = protocol.next_models(models, rng)
         updates = [client_update(m, b, cfg, d, i) for i, (m, b, d) in enumerate(zip(models, batches, defenses))]
-        observed = send_round(defenses, updates, rng)
+        observed = unmodified(send_round, defenses, updates, rng)  # a defense that edits its input is caught
         held = observer_model(attack, protocol.observer_model(model, models), cfg)
         seen.append(Observation(observed, knowledge, held))
     observation = dataclasses.replace(seen[-1], rounds=(*history, *seen[:-1]))
@@ -183,9 +183,9 @@ def run_trial(cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str
             v = scores.get(k)
             if isinstance(v, float) and math.isnan(v):
                 raise FloatingPointError(f"metric {k} is NaN")
+        scores["extra"] = extra_json(scores.get("extra"), f"attack {cfg.attack!r}")
         row.update(scores)
     except Exception as exc:  # noqa: BLE001 - a failing trial is data, not a crash
-        row.update(status="failed", error=_one_line(exc), traceback=traceback.format_exc(limit=8))
-    row["extra"] = json.dumps(row.get("extra") or {}, sort_keys=True)
+        row.update(status="failed", error=_one_line(exc), traceback=traceback.format_exc(limit=8), extra="{}")
     row["seconds"] = time.perf_counter() - t0
     return row
