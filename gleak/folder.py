@@ -181,6 +181,10 @@ def claim(folder: str | Path, force: bool = False, check_store=None) -> Manifest
         manifest = adopt(folder)
     ours_before = manifest is not None  # then images/ and figures/ are gleak's own folders (a kill can leave a file
     # there that the manifest does not list yet); at the top level only listed files are gleak's
+    # Only gleak's temporary files (a run killed while creating its store): gleak's own remnants, an empty folder.
+    remnants_only = all(_is_partial(f) for f in files)
+    if manifest is None and remnants_only:
+        manifest = Manifest(folder)
     if manifest is None:
         if files and not force:
             raise InputError(
@@ -197,6 +201,12 @@ def claim(folder: str | Path, force: bool = False, check_store=None) -> Manifest
         more = f" and {len(clash) - 1} more" if len(clash) > 1 else ""
         raise InputError(f"{folder / clash[0]}{more}: a file gleak did not write, at a path gleak writes; move it away or use another --out")
     return manifest
+
+
+def _is_partial(rel: str) -> bool:
+    head, _, name = rel.rpartition("/")
+    m = _PARTIAL.match(name)
+    return bool(m) and head in ("", "images", "figures") and is_gleak_name(f"{head}/{m['name']}".lstrip("/"))
 
 
 def owns(folder: str | Path, path: str | Path) -> bool:

@@ -3,6 +3,7 @@ an output folder gleak owns, a store it checks, and one line with exit 2 for eve
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import textwrap
@@ -473,3 +474,23 @@ def test_check_plugin_reports_broken_plugins_and_never_hangs(tmp_path, gleak_cmd
     r = subprocess.run(gleak_cmd + ["check-plugin", str(hang), "--timeout", "5"], env=run_env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "did not finish within 5 s" in r.stdout, r.stdout + r.stderr
     assert "FAIL  does not mutate its input" in r.stdout  # the in-place defense of the same file
+
+
+def test_the_shipped_results_folders_are_gleaks(tmp_path):
+    """A fresh clone has results/* without a store (gitignored) but with the manifest committed: `gleak run` may
+    write there, and the manifest lists exactly the files gleak writes (nothing else in the folder is touched)."""
+    from gleak import folder
+    from gleak.store import check_store
+
+    root = Path(__file__).resolve().parent.parent / "results"
+    shipped = [d for d in sorted(root.iterdir()) if d.is_dir()]
+    assert shipped
+    for d in shipped:
+        copy = tmp_path / d.name
+        shutil.copytree(d, copy, ignore=shutil.ignore_patterns("results.sqlite*", ".lock"))
+        m = folder.claim(copy, False, check_store)
+        assert m.files and all(folder.is_gleak_name(f) for f in m.files)
+        assert "leaderboard.md" in m.files and not (m.files & {"paper_tables.md"})
+    (tmp_path / "quick" / "gleak-manifest.json").unlink()
+    with pytest.raises(cli.InputError, match="not a gleak output folder"):
+        folder.claim(tmp_path / "quick", False, check_store)

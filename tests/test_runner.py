@@ -277,7 +277,7 @@ def test_a_second_run_on_a_locked_folder_refuses_in_one_line_and_changes_nothing
                      '[[attack]]\nname = "closed-form"\n[[defense]]\nname = "none"\n')  # fmt: skip
     out = tmp_path / "out"
     run_suite(load_suite(suite), out, progress=False)
-    partial = out / "images" / ".0123456789abcdef.png.a1b2c3d4"  # what a writer killed mid-image leaves
+    partial = out / "images" / ".0123456789abcdef.png.gleak-tmp-a1b2c3d4"  # what a writer killed mid-image leaves
     partial.write_bytes(b"half")
     digest = tree_digest(out)
     with open(out / ".lock", "a+") as fh:
