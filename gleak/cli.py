@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (OSError, sqlite3.OperationalError) as exc:  # the disk filled up, the folder went away: one line
         full = getattr(exc, "errno", None) == errno.ENOSPC or "full" in str(exc)
-        what = "the disk is full" if full else f"{type(exc).__name__}: {exc}"
-        print(f"gleak: error: {what}; finished trials are stored (free space and rerun to resume)", file=sys.stderr)
+        what = "the disk is full; free space and rerun to resume" if full else f"{type(exc).__name__}: {exc}"
+        print(f"gleak: error: {what} (finished trials are stored)", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

@@ -91,6 +91,13 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def _finite(value: float | int) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
 def expected(tp: Any, value: Any) -> str:
     """'TYPE, got VALUE (type)' for an error message; NaN, infinity and out-of-range integers said as such."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -113,7 +120,7 @@ def check_value(tp: Any, value: Any) -> bool:
     if tp is type(None):
         return value is None
     if tp is float:  # NaN and infinity are never a setting (gleak.errors: bad input is refused, not run)
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
     if tp is int:  # what the store's INTEGER columns (and torch's seeds) hold: 64-bit signed
         return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
     if origin in (list, tuple, typing.Sequence) or tp in (list, tuple):

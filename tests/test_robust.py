@@ -134,7 +134,7 @@ def test_each_crash_kind_is_its_trials_failure_and_the_others_finish(tmp_path, g
 
 def test_in_place_defense_was_recorded_wrongly_without_the_guard(tmp_path, monkeypatch):
     """The seam check is what catches it: with the guard bypassed, the same trial 'succeeds' with grad_dist 0."""
-    from gleak import guards, trial
+    from gleak import trial
     from gleak.registry import load_plugin_file
     from gleak.suite import load_suite
 
@@ -148,7 +148,6 @@ def test_in_place_defense_was_recorded_wrongly_without_the_guard(tmp_path, monke
     monkeypatch.setattr(trial, "unmodified", lambda send, d, u, *a: send(d, u, *a))
     row = trial.run_trial(cfg)
     assert row["status"] == "ok" and row["grad_dist"] == 0.0  # the wrong number the guard prevents
-    assert guards is not None
 
 
 def _main(args, capsys) -> tuple[int, str]:
