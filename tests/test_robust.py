@@ -493,3 +493,35 @@ def test_the_shipped_results_folders_are_gleaks(tmp_path):
     (tmp_path / "quick" / "gleak-manifest.json").unlink()
     with pytest.raises(cli.InputError, match="not a gleak output folder"):
         folder.claim(tmp_path / "quick", False, check_store)
+
+
+LABELLED = '''
+from gleak import register_defense
+from gleak.plugin import Defense
+
+
+@register_defense("labelled")
+class Labelled(Defense):
+    """Test defense: the identity, with a free-text label (which shows in the leaderboard and the figures)."""
+
+    def __init__(self, label: str = "x"):
+        self.label = label
+'''
+
+
+def test_names_and_descriptions_are_escaped_and_never_math(tmp_path, capsys):
+    """HTML and '|' in a description and in parameters reach leaderboard.md as text, and a '$' (bad math text) in a
+    parameter does not stop the figures."""
+    plugin = tmp_path / "labelled.py"
+    plugin.write_text(LABELLED)
+    suite = tmp_path / "s.toml"
+    suite.write_text(TINY.replace("save_images = false", 'save_images = true\ndescription = "<script>alert(1)</script> & more"')
+                     .replace('name = "none"', 'name = "labelled"\nlabel = ["$\\\\frac{", "<b>bold</b>|pipe"]'))  # fmt: skip
+    out = tmp_path / "o"
+    code, err = _main(["run", str(suite), "--out", str(out), "--no-progress", "--in-process", "--plugin", str(plugin)], capsys)
+    assert code == 0, err
+    md = (out / "leaderboard.md").read_text()
+    outside_code = "".join(md.split("`")[::2])
+    assert "&lt;script>" in md and "<script>" not in outside_code and "<b>" not in outside_code
+    assert "$\\frac{" in md and "\\|pipe" in md
+    assert list((out / "figures").glob("reconstructions_*.png"))
