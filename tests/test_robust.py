@@ -516,12 +516,12 @@ def test_names_and_descriptions_are_escaped_and_never_math(tmp_path, capsys):
     plugin.write_text(LABELLED)
     suite = tmp_path / "s.toml"
     suite.write_text(TINY.replace("save_images = false", 'save_images = true\ndescription = "<script>alert(1)</script> & more"')
-                     .replace('name = "none"', 'name = "labelled"\nlabel = ["$\\\\frac{", "<b>bold</b>|pipe"]'))  # fmt: skip
+                     .replace('name = "none"', 'name = "labelled"\nlabel = ["a $\\\\frac{$ b", "<b>bold</b>|pipe"]'))  # fmt: skip
     out = tmp_path / "o"
     code, err = _main(["run", str(suite), "--out", str(out), "--no-progress", "--in-process", "--plugin", str(plugin)], capsys)
     assert code == 0, err
     md = (out / "leaderboard.md").read_text()
     outside_code = "".join(md.split("`")[::2])
     assert "&lt;script>" in md and "<script>" not in outside_code and "<b>" not in outside_code
-    assert "$\\frac{" in md and "\\|pipe" in md
+    assert "a $\\frac{$ b" in md and "\\|pipe" in md
     assert list((out / "figures").glob("reconstructions_*.png"))
