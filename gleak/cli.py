@@ -2,6 +2,7 @@
 
     gleak run [SUITE] [--out DIR] [--workers N] [--plugin FILE]   run a suite (default: suites/quick.toml)
               [--threads T] [--executor local|ray] [--address ADDR]
+              [--trial-timeout S] [--in-process] [--force]
     gleak leaderboard DIR                                         regenerate results.csv and the leaderboards
     gleak plot DIR                                                regenerate the figures (DIR/figures/*.png)
     gleak list [attacks|defenses|models|datasets|suites] [PATTERN]
@@ -10,11 +11,13 @@
     gleak compare DIR1 DIR2 [--all]                              per-cell differences of two output folders, with the spread
 
 Exit status: 0 when every trial ran, 1 when some trials failed (their rows say why), 2 on bad input (nothing run,
-nothing stored changed).
+nothing stored changed) and on a file-system problem (a full disk: what finished is stored).
 """
 from __future__ import annotations
 
 import argparse
+import errno
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -40,10 +43,16 @@ def _parallelism(args: argparse.Namespace) -> int | None:
     if args.address and args.executor != "ray":
         raise InputError("--address names a Ray cluster: use it with --executor ray")
     if args.executor == "ray":
-        from gleak.ray_executor import ray_available
+        from gleak.ray_executor import check_address, ray_available
 
         if not ray_available():
             raise InputError("--executor ray needs Ray: pip install 'gleak[ray]'")
+        if args.address:
+            check_address(args.address)
+    if args.in_process and (args.executor == "ray" or (args.workers not in (None, "1"))):
+        raise InputError("--in-process runs trials one after another in this process: use it without --workers and --executor ray")
+    if args.trial_timeout is not None and not (args.trial_timeout >= 0 and args.trial_timeout < float("inf")):
+        raise InputError(f"--trial-timeout must be a number of seconds >= 0 (0: no limit), got {args.trial_timeout}")
     if args.workers is None:
         return None if args.executor == "ray" else 1
     if args.workers == "auto":
@@ -65,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
     _check_lpips_env()
     workers = _parallelism(args)
-    if args.executor == "local" and (workers or 1) > 1:
+    if args.executor == "local" and not args.in_process:
         from gleak.workers import prestart
 
         prestart()  # the workers' fork server imports torch while the suite is validated
@@ -75,7 +84,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("results") / suite.name
 
     def announce(todo: int, stored: int) -> None:  # once the folder is ours (a refused run prints only its error)
-        where = "Ray" if args.executor == "ray" else (f"{workers} workers" if (workers or 1) > 1 else "1 process")
+        if args.in_process:
+            where = "this process (--in-process)"
+        else:
+            where = "Ray" if args.executor == "ray" else (f"{workers} workers" if (workers or 1) > 1 else "1 worker process")
         print(f"gleak: suite {suite.name!r} from {path}: {len(suite.trials)} trials ({stored} stored, {todo} to run"
               f" on {where}) -> {out}/", file=sys.stderr)  # fmt: skip
 
@@ -84,7 +96,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         suite, out, workers=workers, progress=not args.no_progress, lpips_weights=args.lpips_backbone,
         threads=args.threads, executor=args.executor, address=args.address,
         plugin_files=tuple(str(Path(f).resolve()) for f in args.plugin or ()), on_start=announce,
+        in_process=args.in_process, trial_timeout=args.trial_timeout, force=args.force,
     )  # fmt: skip
+    from gleak.folder import write_reports
+
+    write_reports(out, suite.name, suite.description)  # the run stored everything: now the reports, from the store
     dt = time.perf_counter() - t0
     print(
         f"gleak: {summary.ran} trials run, {summary.skipped} already stored, {summary.failed} failed, {dt:.1f} s",
@@ -107,9 +123,15 @@ def _check_lpips_env() -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    from gleak import folder as owned
     from gleak.report import write_figures
+    from gleak.store import check_store
 
+    if not Path(args.dir).is_dir() or not check_store(args.dir):
+        raise InputError(f"{args.dir}: no results here (expected results.sqlite; run `gleak run` first)")
+    owned.claim(args.dir, False, check_store).save()
     figures = write_figures(args.dir)
+    owned.record(args.dir, [Path(args.dir) / rel for rel, _ in figures])
     for rel, _ in figures:
         print(Path(args.dir) / rel)
     if not figures:
@@ -118,7 +140,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    from gleak.report import write_reports
+    from gleak.folder import write_reports
 
     paths = write_reports(args.dir)
     for p in paths.values():
@@ -159,10 +181,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_check_plugin(args: argparse.Namespace) -> int:
     from gleak import registry
-    from gleak.conformance import check_plugin
+    from gleak.workers import check_plugin_isolated
 
     target = args.target
+    args.plugin_file = None
+    if not (args.timeout > 0):
+        raise InputError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     if target.endswith(".py") or Path(target).is_file():
+        args.plugin_file = str(Path(target).resolve())
         pairs = [p for p in registry.load_plugin_file(target) if p[0] in ("attack", "defense", "protocol")]
         # A protocol registered as a defense too (as_defense) is checked once, as the protocol.
         pairs = [p for p in pairs if not (p[0] == "defense" and registry.plugin_info("defense", p[1]).protocol)]
@@ -185,7 +211,7 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
     failed = 0
     for kind, name in pairs:
         print(f"{kind} {name}:")
-        for c in check_plugin(kind, name):
+        for c in check_plugin_isolated(kind, name, args.plugin_file, args.timeout):
             failed += not c.passed
             mark = "PASS" if c.passed else "FAIL"
             print(f"  {mark}  {c.name}" + (f" ({c.detail})" if c.detail else ""))
@@ -302,6 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--plugin", action="append", help="a Python file that registers plugins (repeatable)")
     r.add_argument("--lpips-backbone", help="AlexNet ImageNet weights file for LPIPS")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--trial-timeout", type=float, metavar="S", help="seconds after which a trial is killed and stored "
+                   "as failed (default: from its cost estimate, at least 15 min; 0: no limit; local workers only)")  # fmt: skip
+    r.add_argument("--in-process", action="store_true", help="run trials in this process (for debugging a plugin: a "
+                   "crash, exit or hang of one trial then stops the run)")  # fmt: skip
+    r.add_argument("--force", action="store_true", help="write into a non-empty folder that is not gleak's (gleak "
+                   "adds its files beside the others and never touches them)")  # fmt: skip
     r.set_defaults(func=cmd_run)
 
     lb = sub.add_parser("leaderboard", help="regenerate results.csv and leaderboards of an output folder")
@@ -320,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("check-plugin", help="conformance check of a plugin (a registered name or a .py file)")
     cp.add_argument("target")
     cp.add_argument("--kind", choices=["attack", "defense", "protocol"])
+    cp.add_argument("--timeout", type=float, default=600.0, help="seconds for all checks of one plugin (default 600)")
     cp.set_defaults(func=cmd_check_plugin)
     _add_workflow_commands(sub)
     return p
@@ -335,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gleak: interrupted; finished trials are stored, rerun to resume", file=sys.stderr)
         return 130
+    except (OSError, sqlite3.OperationalError) as exc:  # the disk filled up, the folder went away: one line
+        full = getattr(exc, "errno", None) == errno.ENOSPC or "full" in str(exc)
+        what = "the disk is full; free space and rerun to resume" if full else f"{type(exc).__name__}: {exc}"
+        print(f"gleak: error: {what} (finished trials are stored)", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

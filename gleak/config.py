@@ -99,7 +99,27 @@ def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
     if case.train_steps < 1 or case.train_batch_size < 1 or case.train_lr <= 0:
         key = "train_steps" if case.train_steps < 1 else "train_batch_size" if case.train_batch_size < 1 else "train_lr"
         problems.append((key, f"must be > 0, got {getattr(case, key)}"))
-    return problems
+    return problems + _over_bounds(case)
+
+
+# Upper bounds of counts and sizes: far above any benchmark (the largest shipped suite uses a tenth or less), low
+# enough that a value typed with too many zeros is refused at validation instead of running out of memory or time.
+UPPER_BOUNDS = {
+    "batch_size": 100_000, "clients": 100_000, "resolution": 1024, "local_steps": 1_000_000, "rounds": 1_000_000,
+    "train_steps": 10_000_000, "train_batch_size": 100_000,
+}  # fmt: skip
+
+
+def _over_bounds(cfg: Any) -> list[tuple[str, str]]:
+    out = []
+    for key, top in UPPER_BOUNDS.items():
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and v > top:
+            out.append((key, f"must be <= {top:,}, got {v:,}".replace(",", "_")))
+    seed = getattr(cfg, "seed", None)
+    if isinstance(seed, int) and not 0 <= seed < 2**63:
+        out.append(("seed", f"must be in [0, 2**63), got {seed}"))
+    return out
 
 
 @dataclass(frozen=True)
@@ -198,7 +218,7 @@ def check_utility_values(u: UtilityConfig) -> list[tuple[str, str]]:
         problems.append(("dirichlet_alpha", f"must be > 0, got {u.dirichlet_alpha}"))
     if u.algorithm == "fedsgd" and u.local_steps != 1:
         problems.append(("local_steps", "applies to algorithm 'fedavg' only"))
-    return problems
+    return problems + _over_bounds(u)
 
 
 def derive_seed(seed: int, purpose: str) -> int:

@@ -23,18 +23,19 @@ import torch
 
 from gleak import registry
 from gleak.config import CaseConfig, TrialConfig, derive_seed, generator
-from gleak.errors import UnsupportedCase
+from gleak.errors import PluginContractError, UnsupportedCase
 from gleak.models import create_model
 from gleak.gate import attacker_knowledge, observation
 from gleak.plugin import Attack, Defense, Plugin
-from gleak.threat import KNOWLEDGE, ClientBatch, Update
+from gleak.guards import extra_json
+from gleak.threat import KNOWLEDGE, ClientBatch, Reconstruction, Update
 from gleak.trial import DTYPES, client_update, draw_batches, load_case_data
 
 CHECK_NAMES = {
     "attack": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
                "needs names known knowledge", "unsupported cases raise UnsupportedCase only", "supports a standard case",
                "output shapes and dtypes", "deterministic under a seed", "does not mutate the observation",
-               "prepare does not modify the model in place"],
+               "extra is JSON", "prepare does not modify the model in place"],
     "defense": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
                 "layout and dtype preserved", "deterministic under a seed", "does not mutate its input",
                 "finite on zero and tiny updates", "client gradient well formed", "no round hooks"],
@@ -101,6 +102,8 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
     snap_update = {k: v.clone() for k, v in update.tensors.items()}
     snap_model = copy.deepcopy(obs.model.state_dict()) if obs.model is not None else None
     rec = attack.reconstruct(obs, generator(seed, "attack"))
+    if not isinstance(rec, Reconstruction):
+        raise PluginContractError(f"reconstruct must return a Reconstruction, got {type(rec).__name__}")
     mutated = not _tensors_equal(snap_update, update.tensors)
     return rec, victim, ds, mutated, prepare_mutated
 
@@ -155,6 +158,11 @@ def check_attack(name: str, params: dict[str, Any] | None = None) -> list[Check]
     )
     checks.append(Check("deterministic under a seed", same, "" if same else "two runs with the same seed differ"))
     checks.append(Check("does not mutate the observation", not mutated, "update tensors changed" if mutated else ""))
+    try:  # what the trial stores (gleak.guards): a dict of JSON values
+        extra_json(getattr(rec, "extra", None), f"attack {name!r}")
+        checks.append(Check("extra is JSON", True))
+    except PluginContractError as exc:
+        checks.append(Check("extra is JSON", False, str(exc)))
     checks.append(
         Check("prepare does not modify the model in place", not prepare_mutated, "return a new module" if prepare_mutated else "")
     )

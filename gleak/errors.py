@@ -34,3 +34,8 @@ class UnsupportedCase(GleakError):
 
 class NonFiniteUpdate(GleakError):
     """A client update (or a defended update) contains NaN or infinity."""
+
+
+class PluginContractError(GleakError):
+    """A plugin broke its contract at run time (a defense modified its input in place, an attack's `extra` is not
+    JSON): the trial is stored as failed with this reason (gleak.guards)."""

@@ -31,7 +31,8 @@ def image_grid(rows: list[Tensor], scale: int = 4, pad: int = 2) -> np.ndarray:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    # The name says whose it is: gleak.folder.clean_partial_files removes only these (left by a killed writer).
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.gleak-tmp-")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -67,6 +68,21 @@ MARKERS = ["o", "s", "^", "D", "v", "P"]
 # PSNR (dB) of the verdict bands' MSE thresholds: 10 log10(1 / MSE).
 RECOVERED_PSNR = 10 * math.log10(1 / 0.03)
 PARTIAL_PSNR = 10 * math.log10(1 / 0.2)
+
+
+def plain_text(fn):
+    """Decorator of every function that draws a figure: text is drawn as written, never parsed as math or TeX (a
+    '$' in a plugin's parameter or a data path would otherwise be math text, and bad math text an exception)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _figure(width: float, height: float):
@@ -141,6 +157,7 @@ def _image_panel(ax, entry) -> None:
         ax.imshow(entry[0], interpolation="nearest")
 
 
+@plain_text
 def reconstruction_grid(cells, image_dir: Path, path: Path, title: str) -> Path | None:
     """The trials' stored PNGs (truth above the reconstruction) with their PSNR, per defense configuration (rows) and
     attack (columns). With a single attack the defenses wrap into several columns instead of one tall strip.
@@ -208,6 +225,7 @@ def reconstruction_grid(cells, image_dir: Path, path: Path, title: str) -> Path 
     return save_figure(fig, path)
 
 
+@plain_text
 def strength_figure(lines, accuracy, baselines, xkey: str, path: Path, title: str) -> Path:
     """Metrics against one defense parameter. `lines`: DataFrame with attack, group, x and metric columns (one line
     per attack x group); `accuracy`: DataFrame with group, x, accuracy (or None); `baselines`: {metric: {attack:
@@ -314,6 +332,7 @@ def _clusters(xs: list[float], ys: list[float], dx: float, dy: float) -> list[li
     return groups
 
 
+@plain_text
 def frontier_figure(points, path: Path, title: str, baseline_accuracy: float | None = None) -> Path:
     """The privacy-utility frontier: worst-case attack PSNR (lower is more private) against test accuracy, one point
     per defense configuration, the Pareto front marked. `points`: DataFrame with label, accuracy, psnr. Points are
@@ -372,6 +391,7 @@ def frontier_figure(points, path: Path, title: str, baseline_accuracy: float | N
     return save_figure(fig, path)
 
 
+@plain_text
 def curves_figure(curves: list[tuple[str, list[list[float]]]], path: Path, title: str) -> Path:
     """Test accuracy against round, one line per utility run (to see that the baseline converged)."""
     import textwrap

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gleak.errors import NonFiniteUpdate
+from gleak.guards import unmodified
 from gleak.plugin import Defense, Plugin
 from gleak.threat import ClientBatch, Update
 
@@ -216,7 +217,8 @@ def run_rounds(
     for r in range(rounds):
         batches, crngs, wire = schedule.batches(r), schedule.client_rngs(r), schedule.wire_rng(r)
         updates = [protocol.client_update(_client_copy(m), b, d, g) for m, b, d, g in zip(models, batches, defenses, crngs)]
-        sent = transmit(defenses, updates, wire, f"round {r + 1}: " if rounds > 1 else "")
+        # A defense that edits its input in place would make the plain update look defended: caught here.
+        sent = unmodified(transmit, defenses, updates, wire, f"round {r + 1}: " if rounds > 1 else "")
         view = held = None
         if observe:
             view = protocol.observe(sent, wire)

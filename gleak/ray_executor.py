@@ -7,7 +7,8 @@ order) are packed into one task until it holds about TASK_SECONDS of work, never
 (so the tail still spreads over every worker). Trial rows are computed exactly as locally (`run_trial`), with the
 same torch thread count, so the metrics are identical to a local run's.
 
-Faults: every trial gets two attempts, as locally. Ray retries a one-trial task whose worker died once
+Faults: every trial gets two attempts, as locally (a plugin's sys.exit or KeyboardInterrupt is its trial's failure,
+as locally; --trial-timeout is not enforced on Ray). Ray retries a one-trial task whose worker died once
 (max_retries=1); a batch whose worker died is not retried but split, and each of its trials runs alone once more
 (max_retries=0). A trial whose second attempt fails too is stored as failed with the reason. Images are written by
 the driver from bytes the task returns, so workers on other machines need no shared file system; the run's plugin
@@ -26,7 +27,7 @@ from typing import Any
 from gleak.config import TrialConfig
 from gleak.errors import InputError
 from gleak.figures import atomic_write_bytes
-from gleak.workers import Finished, Record, TrialEnv, died_row, prepare_process
+from gleak.workers import Finished, Record, TrialEnv, died_row, guarded_trial, prepare_process
 
 TASK_SECONDS = 0.5  # work per task once calibrated: Ray's per-task cost is then well under 1% of it
 MAX_PER_TASK = 256
@@ -38,20 +39,40 @@ _scratch: str | None = None  # this worker process's folder for images on their 
 def _run_batch(cfg_jsons: list[str], env: TrialEnv) -> list[dict[str, Any]]:
     """Body of one Ray task: run the trials, return their rows (with the PNG bytes of their image, if any)."""
     global _scratch
-    from gleak.trial import run_trial
-
     prepare_process(env)
     if env.image_dir is not None and _scratch is None:
         _scratch = tempfile.mkdtemp(prefix="gleak-ray-")
     rows = []
     for text in cfg_jsons:
-        row = run_trial(TrialConfig.from_json(text), env.lpips_weights, _scratch if env.image_dir else None)
+        row = guarded_trial(TrialConfig.from_json(text), env, _scratch if env.image_dir else None)
         if row.get("image"):
             png = Path(_scratch) / row["image"]
             row["_image_png"] = png.read_bytes()
             png.unlink()
         rows.append(row)
     return rows
+
+
+CONNECT_SECONDS = 10.0  # a cluster address that does not answer within this is refused, not waited on
+
+
+def check_address(address: str, seconds: float = CONNECT_SECONDS) -> None:
+    """InputError unless ADDRESS ('host:port' or 'ray://host:port'; 'auto' and 'local' are Ray's to resolve)
+    accepts a TCP connection within `seconds`: Ray itself waits minutes on an address where nothing answers."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise InputError(f"--address {address}: expected HOST:PORT (or ray://HOST:PORT, auto)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=seconds):
+            pass
+    except (OSError, ValueError) as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (getattr(exc, "strerror", None) or str(exc))
+        raise InputError(f"--address {address}: the Ray cluster did not answer within {seconds:g} s ({why})") from None
 
 
 def ray_available() -> bool:

@@ -26,6 +26,7 @@ import fnmatch
 import importlib
 import importlib.util
 import inspect
+import math
 import pkgutil
 import sys
 import types
@@ -102,6 +103,22 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def _finite(value: float | int) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
+def expected(tp: Any, value: Any) -> str:
+    """'TYPE, got VALUE (type)' for an error message; NaN, infinity and out-of-range integers said as such."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"a finite number, got {value!r}"
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return f"a 64-bit integer, got {value!r}"
+    return f"{_type_name(tp)}, got {value!r} ({type(value).__name__})"
+
+
 def check_value(tp: Any, value: Any) -> bool:
     """True when `value` is acceptable for annotation `tp` (the subset of typing that plugin params use)."""
     if tp is Any or tp is inspect.Parameter.empty:
@@ -114,10 +131,10 @@ def check_value(tp: Any, value: Any) -> bool:
         return any(check_value(a, value) for a in args)
     if tp is type(None):
         return value is None
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:  # NaN and infinity are never a setting (gleak.errors: bad input is refused, not run)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
+    if tp is int:  # what the store's INTEGER columns (and torch's seeds) hold: 64-bit signed
+        return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
     if origin in (list, tuple, typing.Sequence) or tp in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return False
@@ -246,10 +263,7 @@ class Registry:
                 )
             ann = info.params[key].annotation
             if not check_value(ann, value):
-                raise ParamError(
-                    f"{self.kind} {name!r} parameter {key!r} must be {_type_name(ann)}, got {value!r} ({type(value).__name__})",
-                    key,
-                )
+                raise ParamError(f"{self.kind} {name!r} parameter {key!r} must be {expected(ann, value)}", key)
         missing = [
             p.name
             for p in info.params.values()
@@ -270,6 +284,11 @@ class Registry:
             return obj(*args, **params)
         except (ValueError, TypeError) as exc:
             raise ParamError(f"{self.kind} {name!r}: {exc}") from exc
+        except InputError:
+            raise
+        except Exception as exc:  # any other error of a plugin's __init__ is bad input too, named, in one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ParamError(f"{self.kind} {name!r}: __init__ raised {type(exc).__name__}" + (f": {first}" if first else "")) from exc
 
 
 _REGISTRIES = {

@@ -375,20 +375,37 @@ def leaderboard_document(
     return doc
 
 
+def md_escape(text: str) -> str:
+    """Text for Markdown: outside `code` spans, what would start HTML markup (a tag, an entity, a quote at the start
+    of a line) as entities, so that a name, a parameter or a description is shown as written, never as markup."""
+    import re
+
+    def plain(p: str) -> str:  # only what could start markup: "MSE < 0.03" stays as it is
+        p = re.sub(r"&(?=#?\w+;)", "&amp;", p)
+        return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", p)
+
+    parts = re.split(r"(`[^`]*`)", str(text))
+    out = "".join(p if p.startswith("`") and p.endswith("`") and len(p) > 1 else plain(p) for p in parts)
+    return re.sub(r"(?m)^(\s*)>", r"\1&gt;", out)
+
+
 def render_markdown(doc: list[tuple]) -> str:
     out: list[str] = []
+    e = md_escape
     for block in doc:
         kind = block[0]
         if kind in ("h1", "h2", "h3"):
-            out += ["#" * int(kind[1]) + " " + block[1], ""]
+            out += ["#" * int(kind[1]) + " " + e(block[1]).replace("\n", " "), ""]
         elif kind == "p":
-            out += [block[1], ""]
+            out += [e(block[1]), ""]
         elif kind == "table":
-            out += [_md_table(block[1], [[c.replace("|", "\\|") for c in r] for r in block[2]]), ""]
+            cell = lambda c: e(c).replace("|", "\\|").replace("\n", " ")  # noqa: E731 - one row per line
+            out += [_md_table([cell(h) for h in block[1]], [[cell(c) for c in r] for r in block[2]]), ""]
         elif kind == "list":
-            out += [f"- {item}" for item in block[1]] + [""]
+            out += [f"- {e(item)}" for item in block[1]] + [""]
         elif kind == "figure":
-            out += [f"![{block[2]}]({block[1]})", "", f"*{block[2]}*", ""]
+            cap = e(block[2]).replace("[", "\\[").replace("]", "\\]")
+            out += [f"![{cap}]({block[1]})", "", f"*{e(block[2])}*", ""]
     return "\n".join(out)
 
 
@@ -615,9 +632,11 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
             add(fg.curves_figure(curves, fig_dir / "utility_curves.png", "Test accuracy during federated training"),
                 "Test accuracy against round for each utility run (is the baseline converged?).")
     if fig_dir.is_dir():  # our figures of configurations no longer in the suite would mislead; others are left alone
+        from gleak.folder import remove_owned
+
         for f in fig_dir.glob("*.png"):
             if f.name not in written and f.name.startswith(FIGURE_PREFIXES):
-                f.unlink()
+                remove_owned(folder, f)  # only a figure gleak wrote (its manifest says so), never a user's
     return out
 
 
@@ -637,7 +656,9 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
         _write_text(folder / "utility.csv", utility.to_csv(index=False))
         paths["utility.csv"] = folder / "utility.csv"
     else:
-        (folder / "utility.csv").unlink(missing_ok=True)  # written from the store only: never a stale one
+        from gleak.folder import remove_owned
+
+        remove_owned(folder, "utility.csv")  # written from the store only: never a stale one (and never a user's)
     if len(df) == 0:
         return paths
     agg = aggregate(df)

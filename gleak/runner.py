@@ -1,6 +1,8 @@
 """Execute a suite's trials, in this process, on local worker processes, or as Ray tasks, writing each finished
 trial to the store at once.
 
+- Trials run in worker processes, also with one worker (`gleak.workers`): a trial that crashes, exits, hangs past
+  its time limit or is killed for memory is stored as failed with the reason, and the run goes on.
 - Trials already stored as 'ok' (or 'not-applicable') are skipped, so a rerun after an interruption computes only what is missing;
   a run killed at any point loses only the trials in flight.
 - The output folder is locked before anything in it is touched: a second run on it stops with one line (exit 2).
@@ -21,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gleak.config import CaseConfig, TrialConfig
-from gleak.store import DONE, CommitThread, Store, release_lock, take_lock
+from gleak.errors import InputError
+from gleak.store import DONE, DB_NAME, LOCK_NAME, CommitThread, Store, check_store, read_meta, release_lock, take_lock
 from gleak.suite import Suite
 from gleak.workers import Finished, TrialEnv, run_in_process, run_pool
 
@@ -147,6 +150,46 @@ class Progress:
         self.bar.close()
 
 
+# -- time limits and budget ------------------------------------------------------------------------------------
+# The default --trial-timeout: the larger of 15 minutes and 1e-8 s per estimated operation. Measured on the shipped
+# suites' results (seconds over estimated cost): median 2e-11 to 1.5e-9 s per operation, the slowest trial 1e-7 at
+# a cost of 1.5e9 (a fixed start-up cost), far under 15 minutes; at 1e-8 the longest trials (geiping-table1, ~4.8e12)
+# get ~13 h for ~11 min of work.
+TIMEOUT_FLOOR = 900.0
+TIMEOUT_PER_COST = 1e-8
+TIMEOUT_CEILING = 7 * 24 * 3600.0
+# A trial estimated above this many floating-point operations (about a week of one core at 1e10 per second) is
+# refused at validation: a count or size typed with too many zeros, not a benchmark.
+MAX_TRIAL_COST = 1e16
+
+
+def default_timeout(cost: float) -> float:
+    return min(TIMEOUT_CEILING, max(TIMEOUT_FLOOR, TIMEOUT_PER_COST * cost))
+
+
+def check_budget(trials: list[TrialConfig], costs: dict[str, float]) -> None:
+    """InputError naming the first trial whose estimated cost exceeds MAX_TRIAL_COST."""
+    for t in trials:
+        if costs[t.trial_id] > MAX_TRIAL_COST:
+            raise InputError(
+                f"{t.suite}: trial {t.attack} {json.dumps(t.attack_params, sort_keys=True)} / {t.defense} on "
+                f"{t.case.model} B={t.case.batch_size} is estimated at {costs[t.trial_id]:.2g} operations, over the "
+                f"budget of {MAX_TRIAL_COST:.0e} per trial (about a week of one core); check its counts and sizes"
+            )
+
+
+def plan(trials: list[TrialConfig], trial_timeout: float | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """(estimated costs, time limits in seconds) of `trials`; InputError when a trial is over the budget.
+    trial_timeout: one limit for every trial (0: none); None: `default_timeout` of each trial's cost."""
+    costs = estimated_costs(trials)
+    check_budget(trials, costs)
+    if trial_timeout is None:
+        limits = {t: default_timeout(c) for t, c in costs.items()}
+    else:
+        limits = {t: float(trial_timeout) for t in costs} if trial_timeout > 0 else {}
+    return costs, limits
+
+
 # -- the run ----------------------------------------------------------------------------------------------------
 def run_suite(
     suite: Suite,
@@ -160,23 +203,39 @@ def run_suite(
     address: str | None = None,
     plugin_files: tuple[str, ...] | list[str] = (),
     on_start: Callable[[int, int], None] | None = None,
+    in_process: bool = False,
+    trial_timeout: float | None = None,
+    force: bool = False,
 ) -> RunSummary:
-    """Run every trial of `suite` that `out` does not already hold, then write the reports.
+    """Run every trial of `suite` that `out` does not already hold, and its [utility] runs. The reports are the
+    caller's to write (`gleak.report.write_reports`; the CLI does it).
 
-    workers: local worker processes (1: in this process), or the Ray tasks in flight at once (None: every CPU of
-    the cluster). threads: torch threads per trial. plugin_files: loaded in every worker (already loaded here).
-    on_start(todo, stored) is called once the folder is locked, before any trial runs.
-    Raises InputError, with the folder untouched, when another run holds the folder or Ray cannot start.
+    workers: local worker processes, or the Ray tasks in flight at once (None: every CPU of the cluster). Trials run
+    in worker processes also with one worker, so that a crash, an exit or a hang costs only its trial; in_process:
+    in this process instead (for debugging; no such protection, no time limit). trial_timeout: seconds per trial
+    (None: derived from its estimated cost, see `default_timeout`; 0: none; local workers only). threads: torch
+    threads per trial. plugin_files: loaded in every worker (already loaded here). force: accept a non-empty folder
+    that is not gleak's (see gleak.folder). on_start(todo, stored) is called once the folder is locked, before any
+    trial runs. Raises InputError, with the folder untouched, when the folder is not one gleak may write, another
+    run holds it, its store is not gleak's, a trial is over the budget or Ray cannot start.
     """
-    from gleak.report import write_reports
+    from gleak import folder as owned
 
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     out = Path(out)
+    costs_all, limits = plan(suite.trials, trial_timeout)  # reads nothing of the folder: bad input stops here
     with contextlib.ExitStack() as stack:
-        # First the lock: a second run on the folder stops here, having changed nothing. Then Ray, so that a cluster
-        # that cannot be reached stops the run before the store is created.
+        # Read-only checks first (the folder is gleak's or empty, its store is gleak's), then the lock: a second run
+        # on the folder stops there, having changed nothing. Then Ray, so that a cluster that cannot be reached stops
+        # the run before the store is created.
+        owned.claim(out, force, check_store)
+        held = read_meta(out, "suite")
+        if held is not None and held != suite.name and not force:
+            raise InputError(f"{out}: holds the results of suite {held!r}; a run of suite {suite.name!r} would replace "
+                             f"its leaderboard: use another --out (or --force)")  # fmt: skip
         stack.callback(release_lock, take_lock(out))
+        manifest = owned.claim(out, force, check_store)  # again under the lock: what another run left meanwhile
         ray = None
         if executor == "ray":
             from gleak.ray_executor import RayExecutor
@@ -184,16 +243,15 @@ def run_suite(
             ray = stack.enter_context(RayExecutor(address, workers, threads))
         store = Store(out)
         stack.callback(store.close)
+        manifest.add([DB_NAME, LOCK_NAME])
+        manifest.save()  # from here on the folder says it is gleak's
         store.clean_partial_files()  # left by a run that was killed while writing an image or a report
         store.rekey()  # trials stored before a compatible change of the id rule keep counting as finished
-        store.set_meta("suite", suite.name)
-        store.set_meta("description", suite.description)
-        store.set_membership(suite.trials)
         finished = store.finished_ids()
         todo = [t for t in suite.trials if t.trial_id not in finished]
         if on_start is not None:
             on_start(len(todo), len(suite.trials) - len(todo))
-        costs = estimated_costs(todo)
+        costs = {t.trial_id: costs_all[t.trial_id] for t in todo}
         todo = longest_first(todo, costs)
         env = TrialEnv(lpips_weights, str(out / "images") if suite.save_images else None, tuple(plugin_files), threads)
         bar = stack.enter_context(contextlib.closing(Progress(len(todo), sum(costs.values()), progress and bool(todo))))
@@ -209,22 +267,24 @@ def run_suite(
         try:
             if ray is not None:
                 ray.run(todo, env, writer.put, costs)
-            elif (workers or 1) <= 1:
+            elif in_process:
                 run_in_process(todo, env, writer.put)
             else:
-                run_pool(todo, env, workers, writer.put)
+                run_pool(todo, env, workers or 1, writer.put, {t.trial_id: limits[t.trial_id] for t in todo if t.trial_id in limits})
         finally:
             writer.close()  # everything finished is committed, also when interrupted
+            manifest.add(f"images/{n}" for n in store.image_names())
+            manifest.save()
         bar.close()
         store.clean_partial_files()  # a worker killed while writing an image; no worker runs now
+        # Every trial of the suite is stored now (ok or failed): only now does the folder's suite become this one,
+        # so that an interrupted run, or a run of another suite that stops, hides none of the trials shown before.
+        store.set_meta("suite", suite.name)
+        store.set_meta("description", suite.description)
+        store.set_membership(suite.trials)
         from gleak.utility import run_suite_utility
 
         util_failed = run_suite_utility(suite, store, progress, workers or 1)  # accuracy under each defense
-        # Count failures over the whole suite, not only this run's trials.
-        failed_total = int(
-            store.db.execute(
-                "SELECT COUNT(*) FROM membership m JOIN trials t ON t.trial_id = m.trial_id WHERE t.status NOT IN (?, ?)", DONE
-            ).fetchone()[0]
-        )
-        write_reports(out, suite.name, suite.description)
+        failed_total = store.failed_members()  # over the whole suite, not only this run's trials
     return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed)
+

@@ -2,6 +2,15 @@
 
 Every finished trial is committed at once, so an interrupted run loses at most the trials in flight; a rerun skips
 trials whose row says 'ok' or 'not-applicable'. Rows are never deleted. A lock file keeps two runs from writing one folder at once.
+
+The file says it is gleak's: SQLite's application_id is APPLICATION_ID and its user_version the schema version.
+`check_store` reads a file before anything uses it: one that is not SQLite, damaged, someone else's (another
+application id, or tables that are not gleak's), empty, or written by a newer gleak is refused with one line and
+left untouched. Stores written before the id existed (gleak's tables, id 0) are recognised and stamped. Every SQL
+statement of gleak is in this module.
+
+Paths read from the store (the `image` column) are checked before use (`image_path`): a plain file name inside
+the folder's images/, never a path elsewhere.
 """
 from __future__ import annotations
 
@@ -11,10 +20,12 @@ import os
 import queue
 import re
 import sqlite3
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
+from urllib.parse import quote
 
 from gleak.config import TrialConfig
 from gleak.errors import InputError
@@ -25,8 +36,9 @@ DB_NAME = "results.sqlite"
 NOT_APPLICABLE = "not-applicable"  # not "n/a": pandas reads that as a missing value
 DONE = ("ok", NOT_APPLICABLE)  # statuses a rerun does not recompute
 LOCK_NAME = ".lock"
-# tempfile.mkstemp(prefix=".NAME.") names: the prefix, then 8 characters from [a-z0-9_].
-_PARTIAL = re.compile(r"^\..+\.(png|csv|md|tex|html|json|svg|pdf)\.[a-z0-9_]{8}$")
+APPLICATION_ID = 0x474C4B31  # "GLK1" in SQLite's header: this file is a gleak results store
+SCHEMA_VERSION = 1  # user_version; a newer one is refused (written by a newer gleak)
+_IMAGE_NAME = re.compile(r"^[0-9A-Za-z_-]{1,64}\.png$")
 
 # Contract columns of results.csv first (DESIGN.md), then gleak's own.
 CSV_COLUMNS = [
@@ -50,6 +62,100 @@ CREATE TABLE IF NOT EXISTS trials (
 CREATE TABLE IF NOT EXISTS membership (position INTEGER PRIMARY KEY, trial_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
+_UTILITY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS utility (
+    utility_id TEXT PRIMARY KEY, defense TEXT, defense_params TEXT, dataset TEXT, model TEXT, config TEXT,
+    status TEXT NOT NULL, error TEXT, traceback TEXT, accuracy REAL, epsilon REAL, seconds REAL, extra TEXT,
+    finished_at REAL
+)
+"""
+_GLEAK_TABLES = {"trials": {"trial_id", "config", "status"}, "membership": {"trial_id"}, "meta": {"key", "value"}}
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A connection that writes nothing: without a write-ahead log beside the file, `immutable` (SQLite creates no
+    -shm/-wal files then); with one (a writer was killed), read-only mode, which replays it in memory."""
+    wal = path.with_name(path.name + "-wal")
+    flags = "mode=ro" if wal.exists() and wal.stat().st_size > 0 else "mode=ro&immutable=1"
+    return sqlite3.connect(f"file:{quote(str(path.resolve()))}?{flags}", uri=True, timeout=10)
+
+
+def check_store(folder: str | Path) -> bool:
+    """Whether FOLDER/results.sqlite is a store this gleak can use (True) or absent (False); InputError, the file
+    untouched, when it is not SQLite, damaged, not gleak's, empty, or written by a newer gleak."""
+    path = Path(folder) / DB_NAME
+    if not path.exists():
+        return False
+    where = f"{path}:"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(100)
+    except OSError as exc:
+        raise InputError(f"{where} cannot be read ({exc.strerror})") from None
+    if len(head) == 0:
+        raise InputError(f"{where} an empty file, not a gleak store; move it away or use another --out")
+    if not head.startswith(b"SQLite format 3\x00"):
+        raise InputError(f"{where} not an SQLite file (not a gleak store, or damaged); move it away or use another --out")
+    try:
+        con = _read_only(path)
+    except sqlite3.Error as exc:
+        raise InputError(f"{where} cannot be opened: {exc}") from None
+    try:
+        app, version = (con.execute(f"PRAGMA {p}").fetchone()[0] for p in ("application_id", "user_version"))
+        if app not in (0, APPLICATION_ID):
+            raise InputError(f"{where} an SQLite file of another application (id {app:#x}), not a gleak store; left untouched")
+        if app == APPLICATION_ID and version > SCHEMA_VERSION:
+            raise InputError(f"{where} written by a newer gleak (store version {version}, this gleak reads up to "
+                             f"{SCHEMA_VERSION}); upgrade gleak")  # fmt: skip
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if app == 0:  # a store from before the id, or not gleak's at all: its tables tell
+            if not tables:
+                raise InputError(f"{where} an empty SQLite file, not a gleak store; move it away or use another --out")
+            for t, cols in _GLEAK_TABLES.items():
+                have = {r[1] for r in con.execute(f'PRAGMA table_info("{t}")')} if t in tables else set()
+                if not cols <= have:
+                    raise InputError(f"{where} an SQLite file whose tables are not gleak's (no {t} table of gleak's); left untouched")
+        check = con.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise InputError(f"{where} damaged ({check}); restore it from a copy or use another --out")
+    except sqlite3.DatabaseError as exc:
+        raise InputError(f"{where} damaged or not a gleak store ({exc}); left untouched") from None
+    finally:
+        con.close()
+    return True
+
+
+def read_meta(folder: str | Path, key: str) -> Any:
+    """A meta value of FOLDER's store, read without writing anything (None without a store or the key)."""
+    path = Path(folder) / DB_NAME
+    if not check_store(folder):
+        return None
+    con = _read_only(path)
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+    except (sqlite3.Error, ValueError):
+        return None
+    finally:
+        con.close()
+
+
+def _create_store_file(path: Path) -> None:
+    """Create an empty gleak store at `path` atomically (a temporary file renamed): a kill leaves either no store or
+    one that says it is gleak's, never an empty file that could be anyone's."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.gleak-tmp-")
+    os.close(fd)
+    try:
+        con = sqlite3.connect(tmp, isolation_level=None)
+        con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        con.executescript(_SCHEMA)
+        con.close()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _json(d: Any) -> str:
@@ -75,8 +181,11 @@ def take_lock(folder: str | Path):
     """Take FOLDER/.lock (an flock, released by the kernel when the process dies) or raise InputError naming the
     process that holds it. Creates the folder and the lock file only; writes this process's id into the lock file."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    fh = open(folder / LOCK_NAME, "a+")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fh = open(folder / LOCK_NAME, "a+")
+    except OSError as exc:
+        raise InputError(f"{folder}: cannot write the output folder: {exc.strerror}") from None
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -101,12 +210,17 @@ def release_lock(fh) -> None:
 
 
 class Store:
-    """Results of one output folder."""
+    """Results of one output folder. Opening checks the file (`check_store`: InputError, file untouched, when it is
+    not a gleak store) and creates it when absent (create=True)."""
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, create: bool = True):
         self.folder = Path(folder)
         self.path = self.folder / DB_NAME
-        self.folder.mkdir(parents=True, exist_ok=True)
+        if not check_store(self.folder):
+            if not create:
+                raise InputError(f"{self.folder}: no results here (expected {DB_NAME}; run `gleak run` first)")
+            self.folder.mkdir(parents=True, exist_ok=True)
+            _create_store_file(self.path)
         # check_same_thread=False: a run hands its connection to a CommitThread (used by one thread at a time).
         self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
         # A committed trial survives power loss, not just SIGKILL. Write-ahead logging: one fsync per commit instead
@@ -114,6 +228,9 @@ class Store:
         # leaderboard, progress checks) never block the run. A killed writer's log is replayed on the next open.
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
+        if self.db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:  # a store from before the id
+            self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self.db.executescript(_SCHEMA)
 
     @staticmethod
@@ -122,9 +239,27 @@ class Store:
 
     @staticmethod
     def open_existing(folder: str | Path) -> "Store":
-        if not Store.exists(folder):
-            raise InputError(f"{folder}: no results here (expected {DB_NAME}; run `gleak run` first)")
-        return Store(folder)
+        """The folder's store, checked; InputError when there is none or it is not a gleak store."""
+        if not Path(folder).is_dir():
+            raise InputError(f"{folder}: no such folder")
+        return Store(folder, create=False)
+
+    # -- paths read from the store ------------------------------------------------------------------------
+    def image_path(self, image: Any) -> Path | None:
+        """FOLDER/images/IMAGE when `image` (a value of the image column) is a plain file name there (no folder
+        part, no link leading out of images/); None otherwise: a path from a store is never followed elsewhere."""
+        if not isinstance(image, str) or not _IMAGE_NAME.match(image):
+            return None
+        images = self.folder / "images"
+        p = images / image
+        try:
+            if images.is_symlink() or p.is_symlink():
+                return None
+            if images.exists() and images.resolve().parent != self.folder.resolve():
+                return None
+        except OSError:
+            return None
+        return p
 
     # -- writing ------------------------------------------------------------------------------------------
     def set_membership(self, trials: Iterable[TrialConfig]) -> None:
@@ -176,10 +311,13 @@ class Store:
                 if new == old or new in taken:
                     continue
                 new_image = image
-                if image:  # a second link under the new name now, the old name goes after the commit: never lost
-                    src, new_image = self.folder / "images" / image, f"{new}{Path(image).suffix}"
+                src = self.image_path(image)
+                if image and src is None:
+                    new_image = None  # not a name of gleak's images: forget it, touch nothing
+                elif image:  # a second link under the new name now, the old name goes after the commit: never lost
+                    new_image = f"{new}.png"
                     dst = self.folder / "images" / new_image
-                    if src.exists() and not dst.exists():
+                    if src.is_file() and not dst.exists() and self.image_path(new_image) is not None:
                         os.link(src, dst)
                         stale.append(src)
                 self.db.execute(
@@ -194,15 +332,11 @@ class Store:
         return changed
 
     def clean_partial_files(self) -> list[Path]:
-        """Delete the temporary files that a killed writer left (figures.atomic_write_bytes writes `.NAME.XXXXXXXX`
-        beside NAME, then renames). Call only while holding the lock: no other gleak run is writing here then."""
-        removed = []
-        for folder in [self.folder] + [p for p in self.folder.iterdir() if p.is_dir()]:
-            for p in folder.iterdir():
-                if p.is_file() and _PARTIAL.match(p.name):
-                    p.unlink(missing_ok=True)
-                    removed.append(p)
-        return removed
+        """Delete the temporary files that a killed writer of gleak's left (see gleak.folder). Call only while
+        holding the lock: no other gleak run is writing here then."""
+        from gleak.folder import clean_partial_files
+
+        return clean_partial_files(self.folder)
 
     # -- reading ------------------------------------------------------------------------------------------
     def finished_ids(self) -> set[str]:
@@ -216,7 +350,54 @@ class Store:
             q = 'SELECT t.* FROM membership m JOIN trials t ON t.trial_id = m.trial_id ORDER BY m.position'
         else:
             q = "SELECT * FROM trials ORDER BY finished_at"
-        return pd.read_sql_query(q, self.db)
+        df = pd.read_sql_query(q, self.db)
+        # An image name that is not a plain name in images/ is dropped here, so that no reader (results.csv, the
+        # figures, the HTML page) ever opens a path a store names elsewhere.
+        df["image"] = [v if self.image_path(v) is not None else None for v in df["image"]]
+        return df
+
+    def count(self, members_only: bool = True) -> int:
+        """How many trial rows `frame(members_only)` holds."""
+        if members_only and self.db.execute("SELECT COUNT(*) FROM membership").fetchone()[0]:
+            q = "SELECT COUNT(*) FROM membership m JOIN trials t ON t.trial_id = m.trial_id"
+        else:
+            q = "SELECT COUNT(*) FROM trials"
+        return int(self.db.execute(q).fetchone()[0])
+
+    def failed_members(self) -> int:
+        """Trials of the folder's current suite stored as failed (not ok, not not-applicable)."""
+        return int(self.db.execute(
+            "SELECT COUNT(*) FROM membership m JOIN trials t ON t.trial_id = m.trial_id WHERE t.status NOT IN (?, ?)", DONE
+        ).fetchone()[0])  # fmt: skip
+
+    def image_names(self) -> list[str]:
+        """The stored trials' image names that are valid (see image_path)."""
+        rows = self.db.execute("SELECT image FROM trials WHERE image IS NOT NULL").fetchall()
+        return [r[0] for r in rows if self.image_path(r[0]) is not None]
+
+    # -- utility runs (gleak.utility) -------------------------------------------------------------------
+    def put_utility(self, rec: dict[str, Any]) -> None:
+        """Write one utility run's row (replacing an earlier attempt of the same run)."""
+        self.db.execute(_UTILITY_SCHEMA)
+        cols = ", ".join(f'"{k}"' for k in rec)
+        self.db.execute(f"INSERT OR REPLACE INTO utility ({cols}) VALUES ({', '.join('?' for _ in rec)})", list(rec.values()))
+
+    def utility_ok_ids(self) -> set[str]:
+        self.db.execute(_UTILITY_SCHEMA)
+        return {r[0] for r in self.db.execute("SELECT utility_id FROM utility WHERE status = 'ok'")}
+
+    def utility_failed(self, ids: list[str]) -> int:
+        """How many of the utility runs `ids` are stored as failed."""
+        self.db.execute(_UTILITY_SCHEMA)
+        marks = ", ".join("?" for _ in ids)
+        return int(self.db.execute(f"SELECT COUNT(*) FROM utility WHERE status != 'ok' AND utility_id IN ({marks})", ids).fetchone()[0])
+
+    def utility_rows(self) -> list[dict[str, Any]]:
+        """Every stored utility run, as dicts of its columns."""
+        self.db.execute(_UTILITY_SCHEMA)
+        cur = self.db.execute("SELECT * FROM utility")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
 
     def close(self) -> None:
         self.db.close()

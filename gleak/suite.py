@@ -30,6 +30,24 @@ from gleak.errors import InputError, UnknownPluginError
 SUITE_KEYS = {"name", "seeds", "description", "save_images"}
 TOP_TABLES = {"suite", "case", "attack", "defense", "grid", "utility"}
 GRID_KEYS = {"name", "seeds", "case", "attack", "defense"}
+MAX_SEED = 2**63
+MAX_SEED_COUNT = 100_000
+MAX_NAME_BYTES = 100  # a suite's name is the default output folder's name: room left for the file system's 255
+MAX_MODEL_SIZE = 65_536  # every integer of model_params (widths, depths): 1 .. this
+
+
+def check_suite_name(name: Any) -> str | None:
+    """The problem with `name` as a suite name (it names the default output folder results/NAME), or None: a single
+    safe path component, not '.' or '..', no separator, control character or NUL, not hidden, not too long."""
+    if not isinstance(name, str) or not name:
+        return f"must be a non-empty string, got {name!r}"
+    if name in (".", "..") or name.startswith("."):
+        return f"must not start with '.' (it names the output folder results/NAME), got {name!r}"
+    if any(c in name for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"must be a single folder name: no '/', '\\', NUL or control characters, got {name!r}"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"must be at most {MAX_NAME_BYTES} bytes long (it names the output folder), got {len(name.encode('utf-8', 'surrogatepass'))}"
+    return None
 
 
 @dataclass
@@ -112,10 +130,15 @@ def _seeds(value: Any, where: _Where, table: str) -> list[int]:
     if isinstance(value, int):
         if value < 1:
             raise where.error(table, "seeds", f"a count must be >= 1, got {value}")
+        if value > MAX_SEED_COUNT:
+            raise where.error(table, "seeds", f"a count must be <= {MAX_SEED_COUNT}, got {value}")
         return list(range(value))
     if isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) for s in value):
         if len(set(value)) != len(value):
             raise where.error(table, "seeds", "has duplicates")
+        bad = [s for s in value if not 0 <= s < MAX_SEED]
+        if bad:  # a trial's seed is stored as SQLite's 64-bit INTEGER and derives torch seeds
+            raise where.error(table, "seeds", f"each seed must be in [0, 2**63), got {bad[0]}")
         return list(value)
     raise where.error(table, "seeds", f"must be a non-empty list of integers or a count, got {value!r}")
 
@@ -176,7 +199,7 @@ def _cases(raw: Any, where: _Where, table: str) -> list[CaseConfig]:
     for point in points:
         for k, v in point.items():
             if not registry.check_value(hints[k], v):
-                raise where.error(table, k, f"must be {registry._type_name(hints[k])}, got {v!r} ({type(v).__name__})")
+                raise where.error(table, k, f"must be {registry.expected(hints[k], v)}")
         case = CaseConfig(**point)
         for k, problem in check_case_values(case):
             raise where.error(table, k, problem)
@@ -213,9 +236,14 @@ def _model_params(model: str, params: dict[str, Any], where: _Where, table: str)
     except UnknownPluginError as exc:
         raise where.error(table, "model", str(exc)) from None
     try:
-        return registry.check_params("model", model, params)
+        full = registry.check_params("model", model, params)
     except registry.ParamError as exc:
         raise where.error(table, f"model_params.{exc.key}" if exc.key else "model_params", str(exc)) from None
+    for k, v in full.items():  # widths and depths: a negative or astronomical one is refused, not built
+        for x in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(x, int) and not isinstance(x, bool) and not 1 <= x <= MAX_MODEL_SIZE:
+                raise where.error(table, f"model_params.{k}", f"model {model!r}: each integer must be in [1, {MAX_MODEL_SIZE}], got {x}")
+    return full
 
 
 def _utility(raw: Any, where: _Where) -> UtilityConfig:
@@ -230,7 +258,7 @@ def _utility(raw: Any, where: _Where) -> UtilityConfig:
         if k not in UTILITY_FIELDS:
             raise where.error(table, k, f"unknown key{_close(k, UTILITY_FIELDS)} (keys: {', '.join(UTILITY_FIELDS)})")
         if not registry.check_value(hints[k], v):
-            raise where.error(table, k, f"must be {registry._type_name(hints[k])}, got {v!r} ({type(v).__name__})")
+            raise where.error(table, k, f"must be {registry.expected(hints[k], v)}")
     u = UtilityConfig(**raw)
     for k, problem in check_utility_values(u):
         raise where.error(table, k, problem)
@@ -261,6 +289,8 @@ def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
             ds = load_dataset(c.dataset, root=c.data_root, resolution=c.resolution, channels=c.channels, download=c.download)
         except InputError as exc:
             raise where.error(table, "dataset", str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a corrupt image in a folder: dataset, an unreadable file: bad input
+            raise where.error(table, "dataset", f"{c.dataset!r} could not be loaded: {type(exc).__name__}: {exc}") from None
         need = c.batch_size * c.clients
         if need > len(ds):
             raise where.error(table, "batch_size", f"batch_size x clients = {need} exceeds the {len(ds)} samples of {c.dataset!r}")
@@ -287,9 +317,13 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     path = Path(path)
     where = _Where(path)
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: suite file not found") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the suite file: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML: {exc}") from None
     allowed = TOP_TABLES | set(extra_tables)
@@ -303,8 +337,9 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
         if k not in SUITE_KEYS:
             raise where.error("suite", k, f"unknown key{_close(k, SUITE_KEYS)} (keys: {', '.join(sorted(SUITE_KEYS))})")
     name = meta.get("name", path.stem)
-    if not isinstance(name, str) or not name or "/" in name:
-        raise where.error("suite", "name", f"must be a non-empty string without '/', got {name!r}")
+    problem = check_suite_name(name)
+    if problem:
+        raise where.error("suite", "name", problem)
     save_images = meta.get("save_images", True)
     if not isinstance(save_images, bool):
         raise where.error("suite", "save_images", f"must be true or false, got {save_images!r}")
@@ -327,6 +362,9 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
             for k in g:
                 if k not in GRID_KEYS:
                     raise where.error(table, k, f"unknown key{_close(k, GRID_KEYS)} (keys: {', '.join(sorted(GRID_KEYS))})")
+            for key, t in (("case", g), ("case", doc)):
+                if not isinstance(t.get(key, {}), dict):
+                    raise where.error(table if t is g else "case", key if t is g else None, "must be a table")
             merged = {
                 "case": {**doc.get("case", {}), **g.get("case", {})},
                 "attack": g.get("attack", doc.get("attack")),

@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 import traceback
@@ -23,6 +22,7 @@ from gleak.data import ImageDataset, load_dataset, sample_indices
 from gleak.errors import UnsupportedCase
 from gleak.gate import attacker_knowledge, observation, observer_model  # noqa: F401 - observer_model: public here
 from gleak.store import NOT_APPLICABLE
+from gleak.guards import extra_json
 from gleak.metrics import relative_distance, score
 from gleak.plugin import Attack, Defense
 from gleak.pretrain import build_model
@@ -174,11 +174,11 @@ def run_trial(
             v = scores.get(k)
             if isinstance(v, float) and math.isnan(v):
                 raise FloatingPointError(f"metric {k} is NaN")
+        scores["extra"] = extra_json(scores.get("extra"), f"attack {cfg.attack!r}")
         row.update(scores)
     except UnsupportedCase as exc:  # the plugin cannot handle this case: not applicable, not a failure
         row.update(status=NOT_APPLICABLE, error=_one_line(exc))
     except Exception as exc:  # noqa: BLE001 - a failing trial is data, not a crash
-        row.update(status="failed", error=_one_line(exc), traceback=traceback.format_exc(limit=8))
-    row["extra"] = json.dumps(row.get("extra") or {}, sort_keys=True)
+        row.update(status="failed", error=_one_line(exc), traceback=traceback.format_exc(limit=8), extra="{}")
     row["seconds"] = time.perf_counter() - t0
     return row

@@ -208,18 +208,7 @@ def run_utility(
 
 
 # ---- storage: table `utility` in the output folder's results.sqlite (gleak.store.Store) ------------------------
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS utility (
-    utility_id TEXT PRIMARY KEY, defense TEXT, defense_params TEXT, dataset TEXT, model TEXT, config TEXT,
-    status TEXT NOT NULL, error TEXT, traceback TEXT, accuracy REAL, epsilon REAL, seconds REAL, extra TEXT,
-    finished_at REAL
-)
-"""
 _META = "utility"  # meta key: {"baseline": id, "members": [id, ...]} of the folder's current suite
-
-
-def _ensure_table(store: Any) -> None:
-    store.db.execute(_SCHEMA)
 
 
 def label(defense: str, protocol: Protocolled) -> str:
@@ -231,8 +220,7 @@ def _put(store: Any, uid: str, cfg: UtilityConfig, defense: str, params: dict[st
     rec = {"utility_id": uid, "defense": defense, "defense_params": _json(params), "dataset": cfg.dataset,
            "model": cfg.model, "config": _json(cfg.to_dict()), **{k: row.get(k) for k in
            ("status", "error", "traceback", "accuracy", "epsilon", "seconds", "extra")}, "finished_at": time.time()}  # fmt: skip
-    cols = ", ".join(rec)
-    store.db.execute(f"INSERT OR REPLACE INTO utility ({cols}) VALUES ({', '.join('?' for _ in rec)})", list(rec.values()))
+    store.put_utility(rec)
 
 
 def defense_configs(trials: list[Any]) -> list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], Protocolled]]:
@@ -287,11 +275,10 @@ def run_utilities(
     each); each run is committed when it finishes. Returns (runs made, runs failed among the suite's runs)."""
     from tqdm import tqdm
 
-    _ensure_table(store)
     runs = suite_runs(cfg, defenses)
     members = [utility_id(cfg, *(e if len(e) == 3 else (*e, None))) for e in defenses]
     store.set_meta(_META, {"baseline": runs[0][0], "members": members, "config": cfg.to_dict()})
-    done = {r[0] for r in store.db.execute("SELECT utility_id FROM utility WHERE status = 'ok'")}
+    done = store.utility_ok_ids()
     todo = [r for r in runs if r[0] not in done]
     bar = tqdm(total=len(todo) * cfg.rounds, unit="round", disable=not progress or not todo, dynamic_ncols=True,
                file=sys.stderr, desc="utility")  # fmt: skip
@@ -317,10 +304,7 @@ def run_utilities(
     finally:
         bar.close()
     ids = [r[0] for r in runs]
-    failed = store.db.execute(
-        f"SELECT COUNT(*) FROM utility WHERE status != 'ok' AND utility_id IN ({', '.join('?' for _ in ids)})", ids
-    ).fetchone()[0]
-    return len(todo), int(failed)
+    return len(todo), store.utility_failed(ids)
 
 
 def run_suite_utility(suite: Any, store: Any, progress: bool = True, workers: int = 1) -> int:
@@ -346,8 +330,7 @@ def utility_frame(store: Any):
     meta = store.get_meta(_META)
     if not meta:
         return None
-    _ensure_table(store)
-    rows = {r["utility_id"]: r for r in pd.read_sql_query("SELECT * FROM utility", store.db).to_dict("records")}
+    rows = {r["utility_id"]: r for r in store.utility_rows()}
     base = rows.get(meta["baseline"])
     base_acc = base["accuracy"] if base is not None and base["status"] == "ok" else None
     out = []

@@ -3,7 +3,12 @@
 gleak manages its own workers rather than using concurrent.futures: a worker that dies (killed, out of memory,
 a crash in native code) breaks a whole ProcessPoolExecutor, whereas here only that worker's trial is affected.
 Each worker owns one pipe and runs one trial at a time, so the runner always knows which trial a dead worker held:
-that trial is retried once on a fresh worker and then stored as failed, and the run goes on.
+that trial is retried once on a fresh worker and then stored as failed, and the run goes on. A trial that runs past
+its time limit is killed and stored as failed ("timed out after N s"), not retried: a hang hangs again.
+
+Trials run in worker processes by default, also with one worker: a plugin that segfaults, calls os._exit or
+sys.exit, raises KeyboardInterrupt, is killed for memory or hangs costs only its own trial. `run_in_process`
+(`gleak run --in-process`) is for debugging a plugin under pdb, without that protection.
 
 Workers are forked from a fork server that has imported torch and gleak once (start-up costs one import, not one
 per worker) and has started no torch threads (forking after torch has started threads can deadlock). A worker
@@ -13,9 +18,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -68,6 +75,39 @@ def died_row(cfg: TrialConfig, how: str, attempts: int, seconds: float) -> dict[
     }  # fmt: skip
 
 
+def failed_row(cfg: TrialConfig, error: str, seconds: float, tb: str | None = None) -> dict[str, Any]:
+    """The stored row of a trial that failed outside the trial's own error handling (see guarded_trial)."""
+    return {"trial_id": cfg.trial_id, "config": cfg.to_json(), "status": "failed", "traceback": tb, "extra": "{}",
+            "error": error, "seconds": seconds}  # fmt: skip
+
+
+def timed_out_row(cfg: TrialConfig, limit: float, seconds: float) -> dict[str, Any]:
+    return failed_row(cfg, f"TimedOut: the trial timed out after {limit:g} s (--trial-timeout) and was killed", seconds)
+
+
+def _escape_text(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: the trial called sys.exit({exc.code!r})"
+    if isinstance(exc, KeyboardInterrupt):
+        return "KeyboardInterrupt: raised inside the trial (not by Ctrl-C: a worker ignores SIGINT)"
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def guarded_trial(cfg: TrialConfig, env: TrialEnv, image_dir: str | None) -> dict[str, Any]:
+    """`run_trial` in a worker, with what escapes its own handling (SystemExit, KeyboardInterrupt raised by a plugin,
+    a row that cannot be built or sent) turned into this trial's failed row: the worker lives on."""
+    from gleak.trial import run_trial
+
+    t0 = time.perf_counter()
+    try:
+        row = run_trial(cfg, env.lpips_weights, image_dir)
+        pickle.dumps(row)  # what the pipe (or Ray) will do with it: fail here, as this trial's failure
+        return row
+    except BaseException as exc:  # noqa: BLE001 - only in a worker, where SIGINT is ignored: a plugin raised it
+        return failed_row(cfg, _escape_text(exc), time.perf_counter() - t0, traceback.format_exc(limit=8))
+
+
 def _exit_text(code: int | None) -> str:
     if code is None:
         return "no exit status"
@@ -91,8 +131,6 @@ def _die_with_parent() -> None:
 
 
 def _worker_main(conn, env: TrialEnv) -> None:
-    from gleak.trial import run_trial
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle; it stops the workers
     _die_with_parent()
     prepare_process(env)
@@ -103,7 +141,7 @@ def _worker_main(conn, env: TrialEnv) -> None:
             return
         if msg is None:
             return
-        row = run_trial(TrialConfig.from_json(msg), env.lpips_weights, env.image_dir)
+        row = guarded_trial(TrialConfig.from_json(msg), env, env.image_dir)
         try:
             conn.send(row)
         except OSError:
@@ -166,9 +204,13 @@ def run_in_process(todo: list[TrialConfig], env: TrialEnv, record: Record) -> No
         torch.set_num_threads(previous)
 
 
-def run_pool(todo: list[TrialConfig], env: TrialEnv, workers: int, record: Record) -> None:
+def run_pool(
+    todo: list[TrialConfig], env: TrialEnv, workers: int, record: Record, timeouts: dict[str, float] | None = None
+) -> None:
     """Run the trials on `workers` processes in the order given; `record` gets the results as they arrive (those
-    that arrive together in one call, so that they are stored in one transaction)."""
+    that arrive together in one call, so that they are stored in one transaction). timeouts: trial_id -> seconds
+    after which the trial's worker is killed and the trial stored as timed out (none when absent)."""
+    timeouts = timeouts or {}
     ctx = _context()
     queue = deque(todo)
     attempts: dict[str, int] = {}
@@ -187,10 +229,20 @@ def run_pool(todo: list[TrialConfig], env: TrialEnv, workers: int, record: Recor
         hand_out()
         while any(w.task for w in pool):
             busy = [w for w in pool if w.task is not None]
-            ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy]))
+            deadlines = [w.t0 + timeouts[w.task.trial_id] for w in busy if w.task.trial_id in timeouts]
+            left = max(0.0, min(deadlines) - time.perf_counter()) if deadlines else None
+            ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=left))
             done: Finished = []
+            now = time.perf_counter()
             for i, w in enumerate(pool):
-                if w.task is None or (w.conn not in ready and w.proc.sentinel not in ready):
+                if w.task is None:
+                    continue
+                limit = timeouts.get(w.task.trial_id)
+                if w.conn not in ready and w.proc.sentinel not in ready:
+                    if limit is not None and now - w.t0 >= limit:  # hung (or just too slow): not retried
+                        done.append((w.task, timed_out_row(w.task, limit, now - w.t0)))
+                        w.stop()
+                        pool[i] = _Worker(ctx, env)
                     continue
                 row = None
                 try:
@@ -224,3 +276,53 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+# -- check-plugin in a child process ----------------------------------------------------------------------------
+def _check_main(conn, kind: str, name: str, plugin_file: str | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    try:
+        from gleak.conformance import check_plugin
+        from gleak.registry import load_plugin_file
+
+        if plugin_file:
+            load_plugin_file(plugin_file)
+        result: Any = [(c.name, c.passed, c.detail) for c in check_plugin(kind, name)]
+    except BaseException as exc:  # noqa: BLE001 - reported as a failed check, whatever it is
+        result = f"the checks raised {_escape_text(exc)}"
+    try:
+        conn.send(result)
+    except Exception as exc:  # noqa: BLE001 - a detail that does not pickle
+        conn.send(f"the checks' results could not be sent: {type(exc).__name__}: {exc}")
+
+
+def check_plugin_isolated(kind: str, name: str, plugin_file: str | None, timeout: float) -> list:
+    """gleak.conformance.check_plugin in a child process: a plugin that crashes, exits or hangs (past `timeout`
+    seconds) is one failed check, never a crash or a hang of check-plugin itself."""
+    from gleak.conformance import Check
+
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_check_main, args=(child, kind, name, plugin_file), daemon=True, name="gleak-check")
+    proc.start()
+    child.close()
+    result: Any = None
+    try:
+        if parent.poll(timeout):
+            try:
+                result = parent.recv()
+            except (EOFError, OSError):
+                result = None
+        else:
+            result = f"the checks did not finish within {timeout:g} s (--timeout) and were stopped"
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        parent.close()
+    if result is None:
+        result = f"the process running the checks died ({_exit_text(proc.exitcode)})"
+    if isinstance(result, str):
+        return [Check("checks run to the end", False, result)]
+    return [Check(n, ok, detail) for n, ok, detail in result]

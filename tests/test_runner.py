@@ -109,7 +109,7 @@ def scale_suite(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(scale_suite, tmp_path_factory) -> dict[str, tuple]:
-    """The suite run cleanly, in this process, one trial after another."""
+    """The suite run cleanly, one trial after another (on one worker process, the default)."""
     out = tmp_path_factory.mktemp("reference")
     summary = run_suite(load_suite(scale_suite), out, workers=1, progress=False)
     assert summary.ran == N_SCALE and summary.failed == 0
@@ -121,7 +121,7 @@ def reference(scale_suite, tmp_path_factory) -> dict[str, tuple]:
 
 def test_same_metrics_when_run_twice_and_with_1_or_2_workers(tmp_path, scale_suite, reference):
     suite = load_suite(scale_suite)
-    run_suite(suite, tmp_path / "again", workers=1, progress=False)
+    run_suite(suite, tmp_path / "again", workers=1, progress=False, in_process=True)  # the debugging mode
     assert metrics(tmp_path / "again") == reference
     summary = run_suite(suite, tmp_path / "two", workers=2, progress=False)
     assert summary.ran == N_SCALE
@@ -277,7 +277,7 @@ def test_a_second_run_on_a_locked_folder_refuses_in_one_line_and_changes_nothing
                      '[[attack]]\nname = "closed-form"\n[[defense]]\nname = "none"\n')  # fmt: skip
     out = tmp_path / "out"
     run_suite(load_suite(suite), out, progress=False)
-    partial = out / "images" / ".0123456789abcdef.png.a1b2c3d4"  # what a writer killed mid-image leaves
+    partial = out / "images" / ".0123456789abcdef.png.gleak-tmp-a1b2c3d4"  # what a writer killed mid-image leaves
     partial.write_bytes(b"half")
     digest = tree_digest(out)
     with open(out / ".lock", "a+") as fh:
