@@ -124,16 +124,27 @@ def _table(value: Any, kind: str) -> dict[str, Any]:
 
 
 def _with_protocol(spec: dict[str, Any], protocol: Any) -> dict[str, Any]:
-    """The one place that passes `protocol=` to the suite's expansion. Until Protocol plugins exist (issue 12), the
-    protocols are defenses (secure-aggregation, cgd): a protocol is accepted with defense 'none' and run as that
-    defense, as a suite names it today. With Protocol plugins this becomes `spec["protocol"] = [_table(...)]`."""
+    """The one place that passes `protocol=` to the suite's expansion. With the `none` transform a protocol that is
+    also registered as a defense (cgd, secure-aggregation, local-training) is spelt as the shipped suites spell it,
+    `[[defense]] name = "cgd"`, so that its trials share their ids; otherwise it is the case's `protocol` and
+    `protocol_params` (a protocol + transform pair, e.g. DP-SGD noise inside CGD)."""
     if protocol is None:
         return spec
+    from gleak.registry import plugin_info
+
     table = _table(protocol, "protocol")
-    if [d["name"] for d in spec["defense"]] != ["none"]:
-        raise InputError("gleak.run_trial: protocol= with a client defense needs Protocol plugins; name the protocol "
-                         "as the defense for now (defense='secure-aggregation')")  # fmt: skip
-    return {**spec, "defense": [table]}
+    name, params = table.pop("name"), table
+    if [d["name"] for d in spec["defense"]] == ["none"]:
+        try:
+            legacy = plugin_info("defense", name).protocol is not None
+        except Exception:  # noqa: BLE001 - not a defense spelling: the case key below validates the name
+            legacy = False
+        if legacy:
+            return {**spec, "defense": [{"name": name, **params}]}
+    case = {**spec["case"], "protocol": name}
+    if params:
+        case["protocol_params"] = params
+    return {**spec, "case": case}
 
 
 def trial_config(attack: Any, defense: Any = "none", protocol: Any = None, seed: int = 0, **case: Any) -> TrialConfig:
@@ -261,6 +272,9 @@ def run(
         raise InputError(f"gleak.run: workers must be a number >= 1 or 'auto', got {workers!r}")
     summary = run_suite(s, out, workers=workers, progress=progress, lpips_weights=lpips_weights, threads=threads,
                         executor=executor, plugin_files=tuple(str(Path(f).resolve()) for f in plugins))  # fmt: skip
+    from gleak.folder import write_reports
+
+    write_reports(summary.out, s.name, s.description)  # as `gleak run` does once the run has stored everything
     return RunResult(summary.out, summary.total, summary.skipped, summary.ran, summary.failed, results(summary.out))
 
 
