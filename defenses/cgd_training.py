@@ -53,8 +53,7 @@ with identical models the secure sum is the full-batch gradient of the whole dat
 uses it; then CGD, local and centralized training share one step size. In the vfl reading a sample's summed
 pre-activation carries the first-layer biases of its cols participants, so their bias gradients are divided by cols
 as well (with identical models the block's effective bias, the sum of the cols biases, then steps by the full-batch
-gradient), and each of them is initialised with delta / sqrt(cols) so that their sum follows equation 11's law
-(vfl_bias_scale; the paper's network has no biases, so both are choices of ours, named here). "local": equation 5 literally, each participant's mean gradient over its own samples; the sum is then m
+gradient). "local": equation 5 literally, each participant's mean gradient over its own samples; the sum is then m
 times larger (for equal horizontal blocks the same as "data" with alpha / m).
 """
 from __future__ import annotations
@@ -164,12 +163,9 @@ def init_deltas(m: int, delta: float, delta_high: float | None, seed: int) -> Te
     return delta + (delta_high - delta) * torch.rand(m, generator=g, dtype=torch.float64)
 
 
-def participant_init(
-    l: int, d_j: int, d_pad: int, sizes: list[int], delta: float, seed: int, dtype, first_bias_scale: float = 1.0
-) -> list[Tensor]:
+def participant_init(l: int, d_j: int, d_pad: int, sizes: list[int], delta: float, seed: int, dtype) -> list[Tensor]:
     """Participant l's initial model: [W1 (d_pad, H1), b1, W2, b2, ...], every entry delta * N(0, 1) from its own
-    generator (padded feature rows are zero: they never meet a non-zero input); b1 times first_bias_scale (the vfl
-    reading's 1 / sqrt(cols), see vfl_bias_scale)."""
+    generator (padded feature rows are zero: they never meet a non-zero input)."""
     g = torch.Generator().manual_seed(derive_seed(seed, f"cgd/participant/{l}"))
     out = []
     ins = [d_j] + sizes[1:-1]
@@ -177,18 +173,8 @@ def participant_init(
         w = torch.randn(fan_in, fan_out, generator=g, dtype=torch.float64) * delta
         if r == 0 and d_pad > d_j:
             w = torch.cat([w, torch.zeros(d_pad - d_j, fan_out, dtype=w.dtype)])
-        b = torch.randn(fan_out, generator=g, dtype=torch.float64) * delta
-        out += [w.to(dtype), (b * first_bias_scale if r == 0 else b).to(dtype)]
+        out += [w.to(dtype), (torch.randn(fan_out, generator=g, dtype=torch.float64) * delta).to(dtype)]
     return out
-
-
-def vfl_bias_scale(partition: Partition) -> float:
-    """The vfl reading's first-layer bias init factor: a block's summed pre-activation carries its cols
-    participants' biases, so each draws delta / sqrt(cols) N(0, 1) and the block model's bias follows equation 11's
-    delta N(0, 1), as a horizontal participant's does (with delta N(0, 1) each, the sum's spread grows sqrt(cols)
-    times; measured: 1,000 Fashion-MNIST images, T = 150, worst model (10x7) 64.90% -> 67.40%, (10x49) 61.73% ->
-    65.27%, against (10x1) 68.07%)."""
-    return 1.0 / math.sqrt(partition.cols)
 
 
 @dataclass
@@ -242,7 +228,6 @@ class ConfinedMLP:
         self.block = torch.arange(m) % p.rows  # sample block i of participant l
         # The pre-activation exchange exists only where there is more than one feature group to combine.
         self.vfl = mode == "cgd" and vertical == "vfl" and p.cols > 1
-        self.b1_init = vfl_bias_scale(p) if self.vfl else 1.0
         h1 = sizes[1]
         x = layout.x.to(dtype)
         self.x = x
@@ -288,7 +273,7 @@ class ConfinedMLP:
     def _init(self, l: int) -> list[Tensor]:
         j = int(self.group[l])
         d_j = len(self.layout.features[j])
-        return participant_init(l, d_j, self.d, self.sizes, float(self.deltas[l]), self.seed, self.dtype, self.b1_init)
+        return participant_init(l, d_j, self.d, self.sizes, float(self.deltas[l]), self.seed, self.dtype)
 
     # -- one iteration -------------------------------------------------------------------------------------------
     def _upper(self, r: int) -> tuple[Tensor, Tensor]:
@@ -421,7 +406,7 @@ class ConfinedMLP:
         """Participant l's own first layer (d_j, h1) and (h1,) (feature padding removed)."""
         j = int(self.group[l])
         d_j = len(self.layout.features[j])
-        w1, b1 = participant_init(l, d_j, self.d, self.sizes[:2], float(self.deltas[l]), self.seed, self.dtype, self.b1_init)
+        w1, b1 = participant_init(l, d_j, self.d, self.sizes[:2], float(self.deltas[l]), self.seed, self.dtype)
         if self.mode == "cgd":
             w1, b1 = w1 + self.off1[j], b1 + self.offb1[j]
         elif self.direct:
@@ -512,8 +497,7 @@ def reference_train(
     for j, (flo, fhi) in enumerate(fb):
         for i, (lo, hi) in enumerate(sb):
             l = j * rows + i
-            init = participant_init(l, fhi - flo, fhi - flo, sizes, float(deltas[l]), seed, torch.float64,
-                                    vfl_bias_scale(partition) if vfl else 1.0)  # fmt: skip
+            init = participant_init(l, fhi - flo, fhi - flo, sizes, float(deltas[l]), seed, torch.float64)
             models.append([t.clone().requires_grad_(True) for t in init])
             data.append((x[lo:hi, flo:fhi].to(torch.float64), y[lo:hi]))
 

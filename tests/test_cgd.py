@@ -263,14 +263,3 @@ def test_utility_csv_compares_each_cgd_row_with_its_own_centralized_run(tmp_path
     extra = json.loads(cgd["extra"])
     assert cgd["baseline_accuracy"] == extra["baseline_accuracy"] != none["accuracy"]  # CGD's own centralized run
     assert extra["utility_seed"] == 1 and "vertical FL" in extra["reading"]
-
-
-def test_vfl_block_bias_follows_the_init_law_of_one_participant():
-    # A block's model sums its cols participants' first-layer biases: each draws delta / sqrt(cols) N(0, 1), so the
-    # sum has spread delta, as a horizontal participant's bias does (with delta each it would be sqrt(49) = 7x).
-    x, y = _toy(n=4, d=49)
-    for vertical, want in (("vfl", 0.1), ("literal", 0.1)):
-        net = ConfinedMLP(make_layout(x, y, Partition(1, 49)), [49, 4000, 3], init_deltas(49, 0.1, None, 0), 0,
-                          dtype=torch.float64, vertical=vertical)  # fmt: skip
-        b1 = net.first_layer(0)[1]
-        assert abs(float(b1.std()) / want - 1) < 0.05, (vertical, float(b1.std()))
