@@ -158,7 +158,9 @@ def tables(results: list[dict]) -> list[str]:
             cv, base, mean = _agg(c), _agg(c, "baseline_accuracy"), _agg(c, "mean_accuracy")
             gap = f"{cv[0] - base[0]:+.2f}" if cv and base else ""
             rows_h = f"{p.split('x')[0]}x1"
-            hz = _agg(find(rows_h, "cgd", "0.1")) if reading else None
+            # The horizontal partition with the same sample blocks, on the same samples where the suite has it.
+            same = [r for r in find(rows_h, "cgd", "0.1") if r.get("train_samples") == (c[0].get("train_samples") if c else None)]
+            hz = _agg(same or find(rows_h, "cgd", "0.1")) if reading else None
             hgap = f"{cv[0] - hz[0]:+.2f}" if cv and hz else ""
             pc, pl = PAPER.get((p, "cgd"), {}).get("0.1"), PAPER.get((p, "local"), {}).get("0.1")
             n = (c or loc or [{}])[0].get("train_samples", "")
