@@ -106,8 +106,10 @@ def test_protocol_is_passed_as_the_suite_passes_it():
     via_protocol = gleak.trial_config("closed-form", protocol="secure-aggregation", clients=2)
     as_defense = gleak.trial_config("closed-form", "secure-aggregation", clients=2)
     assert via_protocol.trial_id == as_defense.trial_id
-    with pytest.raises(InputError, match="protocol= with a client defense"):
-        gleak.trial_config("closed-form", "topk", protocol="secure-aggregation", clients=2)
+    # With a client transform the protocol is the case's: the pair a suite names as [case] protocol = "...".
+    pair = gleak.trial_config("closed-form", "topk", protocol="secure-aggregation", clients=2)
+    assert pair.case.protocol == "secure-aggregation" and pair.defense == "topk"
+    assert pair.trial_id != gleak.trial_config("closed-form", "topk", clients=2).trial_id
 
 
 def test_a_not_applicable_trial_raises_unsupported_case_or_returns_its_row():

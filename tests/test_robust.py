@@ -145,7 +145,9 @@ def test_in_place_defense_was_recorded_wrongly_without_the_guard(tmp_path, monke
     cfg = load_suite(tmp_path / "s.toml").trials[0]
     row = trial.run_trial(cfg)
     assert row["status"] == "failed" and "in place" in row["error"]
-    monkeypatch.setattr(trial, "unmodified", lambda send, d, u, *a: send(d, u, *a))
+    from gleak import protocol
+
+    monkeypatch.setattr(protocol, "unmodified", lambda send, d, u, *a: send(d, u, *a))
     row = trial.run_trial(cfg)
     assert row["status"] == "ok" and row["grad_dist"] == 0.0  # the wrong number the guard prevents
 
