@@ -188,6 +188,7 @@ def run_suite(
         store.rekey()  # trials stored before a compatible change of the id rule keep counting as finished
         store.set_meta("suite", suite.name)
         store.set_meta("description", suite.description)
+        store.set_meta("verdict", suite.verdict)  # the leaderboard's verdict rule
         store.set_membership(suite.trials)
         finished = store.finished_ids()
         todo = [t for t in suite.trials if t.trial_id not in finished]

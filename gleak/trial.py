@@ -21,7 +21,7 @@ from torch import nn
 
 from gleak.config import TrialConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset, sample_indices
-from gleak.metrics import relative_distance, score
+from gleak.metrics import mean_image, relative_distance, score
 from gleak.plugin import Attack, Defense
 from gleak.pretrain import build_model
 from gleak.protocol import fedavg_update, fedsgd_update, send_round, server_step, transmit
@@ -153,14 +153,17 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
         raise FloatingPointError("the reconstruction has NaN or infinite pixels")
 
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
-    scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights)
+    blind = mean_image(ds.x)  # the blind guess: the mean image of the split the victims come from
+    scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights, blind)
     # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
     plain = updates[0] if type(protocol).client_gradient is Defense.client_gradient else client_update(models[0], victim, cfg)
     scores["grad_dist"] = relative_distance(plain.flat(), observed.flat())
     share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
     extra = {**model_info, **rec.extra} if share is None else {"share_psnr40": share, **model_info, **rec.extra}
+    extra.update(scores.pop("blind"))
     scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
     scores["_images"] = (victim.images(), rec_images)
+    scores["_arrays"] = (victim.images(), victim.y, rec_images, rec.y, blind)
     return scores
 
 
@@ -173,6 +176,11 @@ def run_trial(cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str
             torch.manual_seed(derive_seed(cfg.seed, "global"))
             scores = execute(cfg, lpips_weights)
         truth, rec = scores.pop("_images")
+        arrays = scores.pop("_arrays")
+        if arrays[2] is not None:  # kept as arrays, so that `gleak rescore` recomputes metrics without the attack
+            from gleak.reconstructions import pack
+
+            row["reconstruction"] = pack(*arrays)
         if image_dir is not None and rec is not None:
             from gleak.figures import save_reconstruction
 
