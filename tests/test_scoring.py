@@ -110,6 +110,7 @@ def _store_contents():
     for d, acc in (("none", 1.0), ("weak", 0.75), ("medium", 0.5), ("strong", 0.25)):
         for seed in range(3):
             rows.append(_row(d, "labels", None, seed, label_acc=acc))
+            rows.append(_row(d, "guess", None, seed, label_acc=0.1))
     return pd.DataFrame(rows)
 
 
@@ -128,8 +129,8 @@ def test_defense_ranking_is_by_the_worst_attack():
 def test_attack_ranking_is_by_undefended_psnr_with_time_and_threat_model():
     df = _store_contents()
     ar = attack_ranking(aggregate(df), df)
-    assert list(ar["attack"]) == ["big", "small", "labels"]
-    assert list(ar["rank"]) == [1, 2, 3]
+    assert list(ar["attack"]) == ["big", "small", "labels", "guess"]
+    assert list(ar["rank"]) == [1, 2, 3, 4]
     assert ar.loc[0, "psnr_undefended"] == 90.0 and ar.loc[0, "psnr_undefended_std"] > 0
     assert ar.loc[0, "seconds"] == 2.0 and ar.loc[1, "seconds"] == 0.5
 
