@@ -631,7 +631,14 @@ def _write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+META_JSON = "suite.json"
+
+
 def _load(folder: Path) -> dict[str, Any]:
+    """The folder's trials and suite settings: from its store, or, where only the committed files are (a fresh
+    clone: stores are not committed, except small ones), from results.csv, utility.csv and suite.json."""
+    if not Store.exists(folder) and (folder / "results.csv").is_file():
+        return _load_committed(folder)
     store = Store.open_existing(folder)
     try:
         rule = store.get_meta("verdict", "margin") or "margin"
@@ -640,6 +647,25 @@ def _load(folder: Path) -> dict[str, Any]:
                 "description": store.get_meta("description", "")}  # fmt: skip
     finally:
         store.close()
+
+
+def _load_committed(folder: Path) -> dict[str, Any]:
+    from gleak.config import UtilityConfig
+
+    meta = json.loads((folder / META_JSON).read_text()) if (folder / META_JSON).is_file() else {}
+    df = pd.read_csv(folder / "results.csv", dtype={"attack_params": str, "defense_params": str, "extra": str, "case": str})
+    for c in CSV_COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    df = df.astype(object).where(df.notna(), None)
+    for c in ("mse", "psnr", "ssim", "lpips", "label_acc", "cosine", "grad_dist", "seconds", "matched", "batch_size", "seed"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    utility = pd.read_csv(folder / "utility.csv") if (folder / "utility.csv").is_file() else None
+    cfg = meta.get("utility_config")
+    rule = meta.get("verdict", "margin")
+    return {"df": apply_verdicts(df, rule), "utility": utility, "rule": rule,
+            "utility_cfg": UtilityConfig(**cfg) if cfg else None, "suite": meta.get("suite", folder.name),
+            "description": meta.get("description", "")}  # fmt: skip
 
 
 def _slug(text: str) -> str:
@@ -789,6 +815,13 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
     csv = df[CSV_COLUMNS].to_csv(index=False)
     _write_text(folder / "results.csv", csv)
     paths["results.csv"] = folder / "results.csv"
+    import dataclasses
+
+    ucfg = data["utility_cfg"]
+    meta = {"suite": suite, "description": description, "verdict": data["rule"],
+            "utility_config": dataclasses.asdict(ucfg) if ucfg is not None else None}  # fmt: skip
+    _write_text(folder / META_JSON, json.dumps(meta, indent=1, sort_keys=True) + "\n")  # what a clone rebuilds from
+    paths[META_JSON] = folder / META_JSON
     if utility is not None:
         _write_text(folder / "utility.csv", utility.to_csv(index=False))
         paths["utility.csv"] = folder / "utility.csv"
