@@ -510,6 +510,11 @@ def leaderboard_document(
 def leaderboard_notes(df: pd.DataFrame) -> list[str]:
     """Notes a reader must see: attacks run below the budget their settings were tuned for (extra.under_budget)."""
     notes = []
+    if "case" in df and any('"model_state": "trained"' in c for c in df["case"].dropna()):
+        notes.append("model_state=trained: the model trained on the data set's training split; the victims' batches "
+                     "(and the blind guess, their split's mean image) come from the test split, images it never "
+                     "trained on (Geiping et al. attack validation images); attacks given public data get the "
+                     "training split.")  # fmt: skip
     if "extra" not in df:
         return notes
     under = df[[bool(_extra_value(js, "under_budget")) for js in df["extra"]]]

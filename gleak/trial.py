@@ -122,13 +122,17 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     """Run one trial and return its metrics (raises on failure). See `run_trial` for the stored row."""
     dtype = DTYPES[cfg.case.dtype]
     ds = load_case_data(cfg)
-    batches = draw_batches(ds, cfg, dtype)
+    # A trained model is attacked on images it never trained on (Geiping et al. attack validation images): the
+    # clients' batches come from the test split, and public data for the attacker from the training split.
+    held_out = cfg.case.model_state == "trained"
+    pool = load_case_data(cfg, "test") if held_out else ds
+    batches = draw_batches(pool, cfg, dtype)
     victim = batches[0]
     attack: Attack = create("attack", cfg.attack, **cfg.attack_params)
     defenses: list[Defense] = [create("defense", cfg.defense, **cfg.defense_params) for _ in batches]
     for d in defenses:
         d.reset()
-    public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
+    public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public)
 
     model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
@@ -153,7 +157,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
         raise FloatingPointError("the reconstruction has NaN or infinite pixels")
 
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
-    blind = mean_image(ds.x)  # the blind guess: the mean image of the split the victims come from
+    blind = mean_image(pool.x)  # the blind guess: the mean image of the split the victims come from
     scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights, blind)
     # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
     plain = updates[0] if type(protocol).client_gradient is Defense.client_gradient else client_update(models[0], victim, cfg)

@@ -164,3 +164,59 @@ def test_group_verdict_is_the_median_trial_verdict():
     assert agg.loc[("medium", "big"), "verdict"] == "recovered" and agg.loc[("medium", "big"), "recovered"] == 1.0
     # 'strong' by 'small': 10-12.5 dB, the blind guess's own level: defended.
     assert agg.loc[("strong", "small"), "verdict"] == "defended"
+
+
+# ---- attacks at full strength, trained victims held out ------------------------------------------------------------
+def test_dlg_returns_its_best_restart(monkeypatch):
+    """Every start runs (stop_below 0) and the one with the lowest final gradient distance is returned."""
+    import gleak
+    from gleak.attacks import dlg as dlg_module
+    from gleak.config import CaseConfig, TrialConfig
+    from gleak.trial import execute
+
+    seen = []
+    one = dlg_module.DLG._one_start
+
+    def spy(self, *a, **kw):
+        out = one(self, *a, **kw)
+        seen.append(out[2])
+        return out
+
+    monkeypatch.setattr(dlg_module.DLG, "_one_start", spy)
+    case = CaseConfig(dataset="skimage", model="lenet", resolution=16, model_mode="eval")
+    s = execute(TrialConfig("t", "dlg", {"iterations": 3, "max_iter": 4, "restarts": 4, "stop_below": 0.0, "labels": "idlg"},
+                            "none", {}, case, 0))  # fmt: skip
+    assert len(seen) == 4 and s["extra"]["restarts_run"] == 4
+    assert s["extra"]["match_loss"] == min(seen) and s["extra"]["restart"] == seen.index(min(seen))
+    assert len(set(seen)) == 4  # the starts differ (fresh dummies each)
+    cost = gleak.registry.plugin_info("attack", "dlg").obj.estimated_cost
+    assert cost({"iterations": 300}, case) == 300 * 20 * 16  # L-BFGS: up to max_iter evaluations a step
+
+
+def test_inverting_gradients_says_when_its_budget_is_cut(capsys):
+    import gleak
+    from gleak.report import leaderboard_notes
+
+    gleak.create("attack", "inverting-gradients", preset="code", iterations=100)
+    gleak.create("attack", "inverting-gradients", preset="code", iterations=100)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "iterations=100" in err[0] and "4800" in err[0]
+    assert not gleak.create("attack", "inverting-gradients", iterations=100, tv=1e-2).under_budget
+    df = pd.DataFrame([dict(attack="inverting-gradients", attack_params='{"iterations": 100}', case="{}",
+                            extra=json.dumps({"under_budget": 1, "tuned_iterations": 4800}))])  # fmt: skip
+    assert any("understate" in n for n in leaderboard_notes(df))
+
+
+def test_trained_models_are_attacked_on_images_they_never_saw():
+    from gleak.config import CaseConfig, TrialConfig
+    from gleak.data import load_dataset
+    from gleak.trial import execute
+
+    case = CaseConfig(dataset="skimage", model="mlp", model_params={"hidden": [16]}, batch_size=4, model_state="trained",
+                      train_steps=2, train_batch_size=8)  # fmt: skip
+    train, test = load_dataset("skimage", "train").x.flatten(1), load_dataset("skimage", "test").x.flatten(1)
+    for seed in range(3):
+        truth = execute(TrialConfig("t", "closed-form", {}, "none", {}, case, seed))["_images"][0].flatten(1)
+        exact = dict(compute_mode="donot_use_mm_for_euclid_dist")
+        assert torch.cdist(truth, train, **exact).min() > 0.1  # none is a training image
+        assert float(torch.cdist(truth, test, **exact).min(1).values.max()) < 1e-4  # each is a test image
