@@ -8,9 +8,22 @@ mixture of the batch. Two ways to pick B reconstructions from the rows:
 - agreement: in a hidden layer, a unit that only one sample of the batch activates (ReLU) yields that sample
   exactly, and several such units yield the same vector; rows whose inversions agree are grouped and the largest
   groups win (the observation behind Fowl et al.'s imprint attack, applied to the units the model already has).
+  How close "agree" is adapts to the observed gradient: quantization (fp16, bf16, int8) and small noise perturb
+  every row's inversion by an amount set by the defense, not the attacker, so a fixed tolerance mistakes them for
+  a defense at batch sizes above 1 (seed 002's error, repeated). gleak's agreement (its own choices, each named):
+  (1) the rows are first projected onto the top-B right singular vectors of dW (dW = delta^T X has rank B, so this
+  removes the perturbation outside the inputs' span); (2) for each tolerance of a ladder (1e-6 to 0.3, four a
+  decade) rows are grouped around the densest rows, and each group's reconstruction pools its rows,
+  sum(sign(db) dW) / sum(|db|), exact without a defense; (3) the tolerance kept is the one whose B reconstructions
+  make the rows sparsest (`_density_cost`: most units then belong to one sample, as a ReLU unit that one sample
+  alone activates does). `tol` fixes one tolerance instead (steps 1 and 2 still apply; the attack's default before
+  this was a fixed 1e-3 on unprojected rows, each group represented by its largest-|db| row).
+The batch size is the count of samples behind the observed update (Update.num_samples: summed over clients by
+aggregation) where the threat model grants it ("batch_size"), not the victim's own batch size.
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -43,9 +56,9 @@ class ClosedForm(Attack):
 
     needs = frozenset({"architecture", "batch_size"})
 
-    def __init__(self, rows: Literal["auto", "largest", "per-class", "agreement"] = "auto", tol: float = 1e-3):
+    def __init__(self, rows: Literal["auto", "largest", "per-class", "agreement"] = "auto", tol: float | None = None):
         check_choice("rows", rows, ("auto", "largest", "per-class", "agreement"))
-        if not tol > 0:
+        if tol is not None and not tol > 0:
             raise ValueError(f"tol must be > 0, got {tol}")
         self.rows, self.tol = rows, tol
 
@@ -64,7 +77,8 @@ class ClosedForm(Attack):
             raise UnsupportedCase(f"first linear layer {name!r} does not read the raw input (in_features {dw.shape[1]})")
 
         usable = torch.nonzero(db != 0).flatten()
-        batch = k.batch_size or 1
+        # The samples behind what was observed (an aggregate counts every client's), where the threat model says.
+        batch = int(observation.update.num_samples) if k.batch_size is not None else 1
         mode = self.rows
         if mode == "auto":
             is_classifier = dw.shape[0] == k.num_classes and name == _last_linear_name(model)
@@ -74,10 +88,15 @@ class ClosedForm(Attack):
             x = torch.zeros((1, *k.input_shape), dtype=dw.dtype)
             return Reconstruction(x=x, extra=extra)
         by_size = usable[torch.argsort(db[usable].abs(), descending=True)]
+        if mode == "agreement":
+            groups, tol, dwp, dbp = self._agreeing_groups(dw, db, by_size, batch)
+            x = torch.stack([_pooled(dwp, dbp, g) for g in groups]).to(dw.dtype)
+            best = int(by_size[groups[0][0]])
+            extra.update(row_kept=float((dw[best] != 0).double().mean()), rows_used=len(groups), tol=tol,
+                         group_rows=float(min(len(g) for g in groups)))  # fmt: skip
+            return Reconstruction(x=x.reshape(len(groups), *k.input_shape), extra=extra)
         if mode == "largest":
             rows = by_size[:1]
-        elif mode == "agreement":
-            rows = self._agreeing_rows(dw, db, by_size, batch)
         else:
             negative = usable[db[usable] < 0]
             negative = negative[torch.argsort(db[negative])]
@@ -89,21 +108,211 @@ class ClosedForm(Attack):
         extra.update(row_kept=float((dw[best] != 0).double().mean()), rows_used=int(len(rows)))
         return Reconstruction(x=x.reshape(len(rows), *k.input_shape), extra=extra)
 
-    def _agreeing_rows(self, dw: torch.Tensor, db: torch.Tensor, by_size: torch.Tensor, batch: int) -> torch.Tensor:
-        """One representative row per group of rows whose inversions agree, largest groups first."""
-        cand = (dw[by_size] / db[by_size].unsqueeze(1)).double()
+    def _agreeing_groups(self, dw: torch.Tensor, db: torch.Tensor, by_size: torch.Tensor, batch: int
+                         ) -> tuple[list[torch.Tensor], float, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Up to `batch` groups of agreeing rows (positions into by_size), largest groups first, the tolerance used,
+        and the projected dW and db rows (in by_size order) the groups index."""
+        want = min(batch, len(by_size))
+        # Every row of dW is a combination of the B inputs (dW = delta^T X), so its rows span at most B dimensions:
+        # projecting onto the top-B right singular vectors removes the part of the defense's perturbation outside
+        # that span (all but B of the input's dimensions) before rows are compared and pooled.
+        dw64, db64 = dw[by_size].double(), db[by_size].double()
+        basis = torch.linalg.svd(dw64, full_matrices=False).Vh[:want]
+        dw64 = (dw64 @ basis.T) @ basis
+        cand = dw64 / db64.unsqueeze(1)
         norms = cand.norm(dim=1).clamp_min(1e-30)
         dist = torch.cdist(cand, cand) / norms.unsqueeze(1)
-        unassigned = torch.ones(len(by_size), dtype=torch.bool)
-        groups: list[tuple[int, int]] = []  # (size, position in by_size of the representative)
-        for i in range(len(by_size)):  # by_size order: the representative is the row with the largest |db|
-            if not unassigned[i]:
-                continue
-            members = unassigned & (dist[i] < self.tol)
-            groups.append((int(members.sum()), i))
-            unassigned &= ~members
-        groups.sort(key=lambda g: (-g[0], g[1]))
-        return by_size[torch.tensor([i for _, i in groups[:batch]])]
+        tried = []
+        for tol in [self.tol] if self.tol is not None else TOL_LADDER:
+            groups = _merge(_group(dist, tol), dw64, db64, tol)
+            if len(groups) >= want:
+                tried.append((_density_cost(torch.stack([_pooled(dw64, db64, g) for g in groups[:want]]), dw64, db64), tol, groups))
+        # The smallest tolerance within 1% of the sparsest: without a defense the exact groups, not pooled neighbours.
+        least = min(c for c, _, _ in tried)
+        chosen = next((g, t) for c, t, g in tried if c <= least * (1 + COST_SLACK))
+        groups, tol = chosen
+        return [g for g in groups[:want]], float(tol), dw64, db64
+
+
+COST_SLACK = 0.01
+# Tolerances tried by the adaptive agreement, smallest first: 1e-6 to 0.3, four a decade.
+TOL_LADDER = tuple(float(10 ** (e / 4)) for e in range(-24, -1))
+
+
+def _group(dist: torch.Tensor, tol: float) -> list[torch.Tensor]:
+    """Greedy groups (positions into the candidate order, which is by |db|): the candidate with the most
+    neighbours within `tol` (the densest: rows of one sample crowd around it, mixtures of several scatter) takes
+    every unassigned candidate within `tol`, then the densest of the rest, and so on; largest groups first."""
+    close = dist < tol
+    close.fill_diagonal_(True)
+    density = close.sum(1)
+    order = sorted(range(len(dist)), key=lambda i: (-int(density[i]), i))
+    unassigned = torch.ones(len(dist), dtype=torch.bool)
+    groups = []
+    for i in order:
+        if not unassigned[i]:
+            continue
+        members = unassigned & close[i]
+        groups.append(torch.nonzero(members).flatten())
+        unassigned &= ~members
+    groups.sort(key=lambda g: (-len(g), int(g[0])))
+    return groups
+
+
+def _pooled(dw: torch.Tensor, db: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """A group's reconstruction: sum(sign(db) dW) / sum(|db|) over its rows (exact for rows of one sample; each
+    row weighted by |db|, which sets how far the defense's perturbation moves its inversion)."""
+    sign = torch.sign(db[g]).unsqueeze(1)
+    return (sign * dw[g]).sum(0) / db[g].abs().sum()
+
+
+def _density_cost(est: torch.Tensor, dw: torch.Tensor, db: torch.Tensor) -> float:
+    """How far from sparse every row is when written in the candidate samples `est` (B, D): sum |c_i| over the rows
+    i, c_i solving c_i est = dW_i, over sum |db_i|. A unit that only one sample activates is one sample (c_i has one
+    entry, db_i): with the true samples most rows are that sparse and the cost is near 1; a candidate that mixes
+    samples, or two candidates of one sample (ill-conditioned), cost more."""
+    c = torch.linalg.lstsq(est.T, dw.T).solution.T
+    return float(c.abs().sum() / db.abs().sum().clamp_min(1e-300))
+
+
+def _group(dist: torch.Tensor, tol: float) -> list[torch.Tensor]:
+    """Greedy groups (positions into the candidate order, which is by |db|): the candidate with the most
+    neighbours within `tol` (the densest: rows of one sample crowd around it, mixtures of several scatter) takes
+    every unassigned candidate within `tol`, then the densest of the rest, and so on; largest groups first."""
+    close = dist < tol
+    close.fill_diagonal_(True)
+    density = close.sum(1)
+    order = sorted(range(len(dist)), key=lambda i: (-int(density[i]), i))
+    unassigned = torch.ones(len(dist), dtype=torch.bool)
+    groups = []
+    for i in order:
+        if not unassigned[i]:
+            continue
+        members = unassigned & close[i]
+        groups.append(torch.nonzero(members).flatten())
+        unassigned &= ~members
+    groups.sort(key=lambda g: (-len(g), int(g[0])))
+    return groups
+
+
+def _pooled(dw: torch.Tensor, db: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """A group's reconstruction: sum(sign(db) dW) / sum(|db|) over its rows (exact for rows of one sample; each
+    row weighted by |db|, which sets how far the defense's perturbation moves its inversion)."""
+    sign = torch.sign(db[g]).unsqueeze(1)
+    return (sign * dw[g]).sum(0) / db[g].abs().sum()
+
+
+def _density_cost(est: torch.Tensor, dw: torch.Tensor, db: torch.Tensor) -> float:
+    """How far from sparse every row is when written in the candidate samples `est` (B, D): sum |c_i| over the rows
+    i, c_i solving c_i est = dW_i, over sum |db_i|. A unit that only one sample activates is one sample (c_i has one
+    entry, db_i): with the true samples most rows are that sparse and the cost is near 1; a candidate that mixes
+    samples, or two candidates of one sample (ill-conditioned), cost more."""
+    c = torch.linalg.lstsq(est.T, dw.T).solution.T
+    return float(c.abs().sum() / db.abs().sum().clamp_min(1e-300))
+
+
+def _group(dist: torch.Tensor, tol: float) -> list[torch.Tensor]:
+    """Greedy groups (positions into the candidate order, which is by |db|): the candidate with the most
+    neighbours within `tol` (the densest: rows of one sample crowd around it, mixtures of several scatter) takes
+    every unassigned candidate within `tol`, then the densest of the rest, and so on; largest groups first."""
+    close = dist < tol
+    close.fill_diagonal_(True)
+    density = close.sum(1)
+    order = sorted(range(len(dist)), key=lambda i: (-int(density[i]), i))
+    unassigned = torch.ones(len(dist), dtype=torch.bool)
+    groups = []
+    for i in order:
+        if not unassigned[i]:
+            continue
+        members = unassigned & close[i]
+        groups.append(torch.nonzero(members).flatten())
+        unassigned &= ~members
+    groups.sort(key=lambda g: (-len(g), int(g[0])))
+    return groups
+
+
+def _pooled(dw: torch.Tensor, db: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """A group's reconstruction: sum(sign(db) dW) / sum(|db|) over its rows (exact for rows of one sample; each
+    row weighted by |db|, which sets how far the defense's perturbation moves its inversion)."""
+    sign = torch.sign(db[g]).unsqueeze(1)
+    return (sign * dw[g]).sum(0) / db[g].abs().sum()
+
+
+def _density_cost(est: torch.Tensor, dw: torch.Tensor, db: torch.Tensor) -> float:
+    """How far from sparse every row is when written in the candidate samples `est` (B, D): sum |c_i| over the rows
+    i, c_i solving c_i est = dW_i, over sum |db_i|. A unit that only one sample activates is one sample (c_i has one
+    entry, db_i): with the true samples most rows are that sparse and the cost is near 1; a candidate that mixes
+    samples, or two candidates of one sample (ill-conditioned), cost more."""
+    c = torch.linalg.lstsq(est.T, dw.T).solution.T
+    return float(c.abs().sum() / db.abs().sum().clamp_min(1e-300))
+
+
+def _group(dist: torch.Tensor, tol: float) -> list[torch.Tensor]:
+    """Greedy groups (positions into the candidate order, which is by |db|): the candidate with the most
+    neighbours within `tol` (the densest: rows of one sample crowd around it, mixtures of several scatter) takes
+    every unassigned candidate within `tol`, then the densest of the rest, and so on; largest groups first."""
+    close = dist < tol
+    close.fill_diagonal_(True)
+    density = close.sum(1)
+    order = sorted(range(len(dist)), key=lambda i: (-int(density[i]), i))
+    unassigned = torch.ones(len(dist), dtype=torch.bool)
+    groups = []
+    for i in order:
+        if not unassigned[i]:
+            continue
+        members = unassigned & close[i]
+        groups.append(torch.nonzero(members).flatten())
+        unassigned &= ~members
+    groups.sort(key=lambda g: (-len(g), int(g[0])))
+    return groups
+
+
+def _pooled(dw: torch.Tensor, db: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """A group's reconstruction: sum(sign(db) dW) / sum(|db|) over its rows (exact for rows of one sample; each
+    row weighted by |db|, which sets how far the defense's perturbation moves its inversion)."""
+    sign = torch.sign(db[g]).unsqueeze(1)
+    return (sign * dw[g]).sum(0) / db[g].abs().sum()
+
+
+def _density_cost(est: torch.Tensor, dw: torch.Tensor, db: torch.Tensor) -> float:
+    """How far from sparse every row is when written in the candidate samples `est` (B, D): sum |c_i| over the rows
+    i, c_i solving c_i est = dW_i, over sum |db_i|. A unit that only one sample activates is one sample (c_i has one
+    entry, db_i): with the true samples most rows are that sparse and the cost is near 1; a candidate that mixes
+    samples, or two candidates of one sample (ill-conditioned), cost more."""
+    c = torch.linalg.lstsq(est.T, dw.T).solution.T
+    return float(c.abs().sum() / db.abs().sum().clamp_min(1e-300))
+
+
+def _separated(groups: list[torch.Tensor], dw: torch.Tensor, db: torch.Tensor, tol: float) -> bool:
+    """The groups' reconstructions are pairwise further apart than 3 tol (relative distance)."""
+    if len(groups) < 2:
+        return True
+    est = torch.stack([_pooled(dw, db, g) for g in groups])
+    d = torch.cdist(est, est) / est.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    d.fill_diagonal_(math.inf)
+    return bool(d.min() > 3 * tol)
+
+
+def _merge(groups: list[torch.Tensor], dw: torch.Tensor, db: torch.Tensor, tol: float) -> list[torch.Tensor]:
+    """Join groups of two or more rows whose pooled reconstructions lie within 3 tol of each other: one sample's
+    rows split by a tolerance at the scale of the defense's perturbation."""
+    big = [g for g in groups if len(g) >= 2]
+    rest = [g for g in groups if len(g) < 2]
+    if len(big) < 2:
+        return groups
+    est = torch.stack([_pooled(dw, db, g) for g in big])
+    d = torch.cdist(est, est) / est.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    merged, used = [], torch.zeros(len(big), dtype=torch.bool)
+    for i in range(len(big)):  # largest first: it absorbs the smaller pieces near it
+        if used[i]:
+            continue
+        near = (~used) & (d[i] < 3 * tol)
+        near[i] = True
+        merged.append(torch.cat([big[j] for j in torch.nonzero(near).flatten().tolist()]))
+        used |= near
+    out = merged + rest
+    out.sort(key=lambda g: (-len(g), int(g.min())))
+    return out
 
 
 def _last_linear_name(model) -> str | None:

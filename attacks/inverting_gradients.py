@@ -41,6 +41,20 @@ IGLabels = Literal["idlg", "bias-sign", "row-sign", "count-aware", "given"]
 VMAP_MAX_PARAMS = 1_000_000
 
 
+# "Far below" the preset's iterations: under a tenth of them.
+UNDER_BUDGET = 10
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """One line on stderr, once per process (every trial of a suite builds the attack)."""
+    import sys
+
+    if message not in _SAID:
+        _SAID.add(message)
+        print(f"gleak: warning: {message}", file=sys.stderr)
+
+
 def total_variation(x: Tensor) -> Tensor:
     """Anisotropic TV as in the released code: mean |horizontal difference| + mean |vertical difference|."""
     return (x[..., :, 1:] - x[..., :, :-1]).abs().mean() + (x[..., 1:, :] - x[..., :-1, :]).abs().mean()
@@ -75,7 +89,10 @@ class InvertingGradients(Attack):
     (delta / (lr * local_steps), exact for one local step; the paper's section 6 unrolls several steps, not done
     here). The gradient is taken with the observer's model in whatever mode it was sent (eval mode in
     suites/geiping-table1.toml, as the released code). Cross entropy with hard labels, mean over the batch.
-    extra: grad_loss (final cosine distance of the chosen restart), restart (its index), iterations.
+    extra: grad_loss (final cosine distance of the chosen restart), restart (its index), iterations; under_budget
+    and tuned_iterations where `iterations` is cut below a tenth of the preset's while its TV weight is the preset's
+    (that weight was tuned for the preset's iterations: one line on stderr per process, and a note in the
+    leaderboard, say the result understates the attack).
     """
 
     needs = frozenset({"architecture", "parameters", "batch_size", "data_stats"})
@@ -106,8 +123,16 @@ class InvertingGradients(Attack):
         self.preset, self.iterations, self.tv, self.lr, self.restarts = preset, iterations, tv, lr, restarts
         self.labels, self.signed, self.boxed, self.lr_decay = labels, signed, boxed, lr_decay
         self.batch_restarts = batch_restarts
+        if self.under_budget:
+            _say_once(f"inverting-gradients: iterations={iterations} is far below the {PRESETS[preset][0]} its preset "
+                      f"{preset!r} tuned TV {PRESETS[preset][1]:g} for; set tv for this budget, or expect an understated attack")  # fmt: skip
         if labels == "given":
             self.needs = self.needs | {"labels"}
+
+    @property
+    def under_budget(self) -> bool:
+        """iterations cut below a tenth of the preset's while the TV weight is still the preset's."""
+        return self.iterations is not None and self.tv is None and self.iterations * UNDER_BUDGET < PRESETS[self.preset][0]
 
     @property
     def n_iterations(self) -> int:
@@ -121,6 +146,8 @@ class InvertingGradients(Attack):
         x_all, losses, y, extra = self.reconstruct_all(observation, rng)
         best = int(torch.argmin(losses))
         extra.update(grad_loss=float(losses[best]), restart=best, iterations=self.n_iterations)
+        if self.under_budget:
+            extra.update(under_budget=1, tuned_iterations=PRESETS[self.preset][0])
         return Reconstruction(x=x_all[best], y=y, extra=extra)
 
     def reconstruct_all(self, observation: Observation, rng: torch.Generator) -> tuple[Tensor, Tensor, Tensor, dict]:

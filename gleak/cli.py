@@ -5,6 +5,7 @@
               [--trial-timeout S] [--in-process] [--force]
     gleak leaderboard DIR                                         regenerate results.csv and the leaderboards
     gleak plot DIR                                                regenerate the figures (DIR/figures/*.png)
+    gleak rescore DIR [--metrics lpips,...] [--lpips-backbone F]  recompute metrics from the stored reconstructions
     gleak list [attacks|defenses|models|datasets|suites] [PATTERN]
     gleak check-plugin NAME_OR_FILE [--kind attack|defense|protocol]
     gleak show attack|defense|protocol|model NAME [--plugin FILE]  a plugin's parameters, defaults, choices, needs, docstring
@@ -144,6 +145,21 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
     paths = write_reports(args.dir)
     for p in paths.values():
+        print(p)
+    return EXIT_OK
+
+
+def cmd_rescore(args: argparse.Namespace) -> int:
+    from gleak.reconstructions import parse_metrics, rescore
+    from gleak.report import write_reports
+
+    if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
+        raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
+    _check_lpips_env()
+    metrics = parse_metrics(args.metrics)
+    n = rescore(args.dir, metrics, args.lpips_backbone)
+    print(f"gleak: rescored {', '.join(metrics)} of {n} trials from their stored reconstructions", file=sys.stderr)
+    for p in write_reports(args.dir).values():
         print(p)
     return EXIT_OK
 
@@ -343,6 +359,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="regenerate the figures of an output folder (DIR/figures/*.png)")
     pl.add_argument("dir")
     pl.set_defaults(func=cmd_plot)
+
+    rs = sub.add_parser("rescore", help="recompute metrics from the stored reconstructions (no attack reruns)")
+    rs.add_argument("dir")
+    rs.add_argument("--metrics", help="comma-separated: " + "mse,psnr,ssim,cosine,lpips,label_acc,verdict,blind,share_psnr40"
+                    " (default: all)")  # fmt: skip
+    rs.add_argument("--lpips-backbone", help="AlexNet ImageNet weights file for LPIPS")
+    rs.set_defaults(func=cmd_rescore)
 
     ls = sub.add_parser("list", help="list attacks, defenses, protocols, models, datasets or suites")
     ls.add_argument("what", nargs="?", default="attacks")

@@ -255,6 +255,9 @@ def strength_figure(lines, accuracy, baselines, xkey: str, path: Path, title: st
                 name = attack + (f" ({group})" if group else "")
                 ax.plot(d["x"], ys, LINE_STYLES[g_i % len(LINE_STYLES)], marker=MARKERS[g_i % len(MARKERS)], color=color,
                         label=name, markersize=4)  # fmt: skip
+                if f"{key}_err" in d and d[f"{key}_err"].notna().any():  # spread over seeds (not at clipped points)
+                    err = [0.0 if c or e != e else float(e) for e, c in zip(d[f"{key}_err"], clipped)]
+                    ax.errorbar(d["x"], ys, yerr=err, fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.7)
                 cx = [x for x, c in zip(d["x"], clipped) if c]
                 if cx:
                     edge = PSNR_CAP if key == "psnr" else MSE_FLOOR
@@ -359,6 +362,9 @@ def frontier_figure(points, path: Path, title: str, baseline_accuracy: float | N
     plain = [i for i in range(len(pts)) if not clipped[i]]
     high = [i for i in range(len(pts)) if clipped[i]]
     ax.scatter([acc[i] for i in plain], [ys[i] for i in plain], s=28, color="#888888", zorder=2, label="defense configuration")
+    if "psnr_err" in pts and pts["psnr_err"].notna().any():  # spread over seeds (not at points drawn at the cap)
+        err = [0.0 if clipped[i] or e != e else float(e) for i, e in enumerate(pts["psnr_err"])]
+        ax.errorbar(acc, ys, yerr=err, fmt="none", ecolor="#888888", elinewidth=0.8, capsize=2, zorder=1)
     if high:
         ax.scatter([acc[i] for i in high], [ys[i] for i in high], s=40, marker="^", color="#888888", zorder=2,
                    label=f"PSNR above {PSNR_CAP:.0f} dB (visually exact), drawn at {PSNR_CAP:.0f}")  # fmt: skip

@@ -1,7 +1,22 @@
 """Scores of a reconstruction against the truth.
 
 All image metrics take images in [0, 1] of shape (N, C, H, W) (denormalised and clamped by the caller).
-Functional forms live here; `score` pairs a batch by optimal assignment and returns every column of results.csv.
+Functional forms live here; `score` scores a trial against its whole victim batch and returns every column of
+results.csv.
+
+Scoring rules (the leaderboard states them):
+- Whole batch: every image of the victim's batch is scored. Reconstructions are paired with the images by optimal
+  assignment; an image left without a reconstruction (the attack returned fewer than the batch) is scored against
+  the blind guess, so returning one good image of four does not score as four.
+- Blind guess: the data set's mean image (the per-pixel mean of the split the victims are drawn from: the guess
+  that minimises the expected MSE without looking at the update). Every trial records what it scores
+  (extra: blind_mse, blind_psnr, blind_ssim) so that a verdict can say whether the attack beat it.
+- PSNR per image is capped at PSNR_CEILING (an exact recovery gives inf or float round-off of 150-300 dB), so
+  that means are finite; aggregates rank by the median.
+- Verdict, rule "margin" (default): recovered needs the MSE band of seed 002 (MSE < 0.03) AND a margin of at least
+  RECOVERED_MARGIN_DB over the blind guess AND a reconstruction for every image of the batch; partial needs
+  MSE < 0.2 and at least PARTIAL_MARGIN_DB over the blind guess; else defended. Rule "seed002": the MSE bands
+  alone (DLG Fig. 6 as used in seed 002), kept so that suites reproducing seed 002 are judged by its rule.
 
 >>> import torch
 >>> a = torch.zeros(1, 1, 4, 4); b = torch.full((1, 1, 4, 4), 0.1)
@@ -9,6 +24,8 @@ Functional forms live here; `score` pairs a batch by optimal assignment and retu
 (0.01, 20.0)
 >>> verdict(0.01), verdict(0.1), verdict(0.5)
 ('recovered', 'partial', 'defended')
+>>> verdict(0.01, blind_mse=0.05), verdict(0.001, blind_mse=0.05), verdict(0.001, blind_mse=0.05, rule="seed002")
+('partial', 'recovered', 'recovered')
 """
 from __future__ import annotations
 
@@ -28,6 +45,13 @@ RECOVERED_MSE = 0.03
 PARTIAL_MSE = 0.2
 # A reconstruction at PSNR above 40 dB counts as exact (Robbing the Fed reports the share of a batch recovered so).
 EXACT_PSNR = 40.0
+# Per-image PSNR above this is float round-off of an exact recovery (MSE 1e-12); capped so that means stay finite.
+PSNR_CEILING = 120.0
+# "margin" verdicts: recovered needs at least 10 dB (a tenth of the MSE) over the blind guess, partial 3 dB (half).
+RECOVERED_MARGIN_DB = 10.0
+PARTIAL_MARGIN_DB = 3.0
+VERDICT_RULES = ("margin", "seed002")
+VERDICT_ORDER = {"defended": 0, "partial": 1, "recovered": 2}
 
 
 def mse(a: Tensor, b: Tensor) -> Tensor:
@@ -35,10 +59,16 @@ def mse(a: Tensor, b: Tensor) -> Tensor:
     return ((a.double() - b.double()) ** 2).flatten(1).mean(1)
 
 
-def psnr(a: Tensor, b: Tensor, data_range: float = 1.0) -> Tensor:
-    """Per-image PSNR in dB (inf for identical images)."""
+def psnr(a: Tensor, b: Tensor, data_range: float = 1.0, ceiling: float | None = None) -> Tensor:
+    """Per-image PSNR in dB (inf for identical images, unless capped at `ceiling`)."""
     m = mse(a, b)
-    return 10 * torch.log10(data_range**2 / m)
+    out = 10 * torch.log10(data_range**2 / m)
+    return out if ceiling is None else out.clamp(max=ceiling)
+
+
+def mean_image(images: Tensor) -> Tensor:
+    """The blind guess: the per-pixel mean (1, C, H, W) of a split's images in [0, 1]."""
+    return images.double().mean(0, keepdim=True)
 
 
 def cosine(a: Tensor, b: Tensor) -> Tensor:
@@ -108,14 +138,42 @@ def exact_share(truth: Tensor, rec: Tensor, threshold: float = EXACT_PSNR) -> fl
     return float(exact[rows, cols].sum()) / len(truth)
 
 
-def verdict(mse_value: float | None) -> str | None:
-    if mse_value is None or (isinstance(mse_value, float) and math.isnan(mse_value)):
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def verdict(mse_value: float | None, blind_mse: float | None = None, rule: str = "margin", complete: bool = True) -> str | None:
+    """The verdict of one trial (see the module docstring). `blind_mse`: the blind guess's MSE on the same batch
+    (None: unknown, the bands alone decide); `complete`: every image of the batch had a reconstruction."""
+    if rule not in VERDICT_RULES:
+        raise ValueError(f"verdict rule must be one of {', '.join(VERDICT_RULES)}, got {rule!r}")
+    if _missing(mse_value):
         return None
-    if mse_value < RECOVERED_MSE:
-        return "recovered"
-    if mse_value < PARTIAL_MSE:
-        return "partial"
-    return "defended"
+    m = float(mse_value)
+    if rule == "seed002" or _missing(blind_mse):
+        band = "recovered" if m < RECOVERED_MSE else "partial" if m < PARTIAL_MSE else "defended"
+    else:
+        gain = 10 * math.log10(float(blind_mse) / m) if m > 0 else math.inf
+        if m < RECOVERED_MSE and gain >= RECOVERED_MARGIN_DB:
+            band = "recovered"
+        elif m < PARTIAL_MSE and gain >= PARTIAL_MARGIN_DB:
+            band = "partial"
+        else:
+            band = "defended"
+    if band == "recovered" and not complete:  # an image the attack did not return was not recovered
+        band = "partial"
+    return band
+
+
+def verdict_rule_text(rule: str) -> str:
+    """The rule in words, for the leaderboard."""
+    if rule == "seed002":
+        return (f"Verdict rule 'seed002' (DLG Fig. 6 bands as used in seed 002): MSE < {RECOVERED_MSE} recovered, "
+                f"< {PARTIAL_MSE} partial, else defended; a trial missing a reconstruction is at best partial.")  # fmt: skip
+    return (f"Verdict rule 'margin': recovered needs MSE < {RECOVERED_MSE} and at least {RECOVERED_MARGIN_DB:g} dB "
+            f"over the blind guess (the data set's mean image, scored on the same batch) and a reconstruction for "
+            f"every image of the batch; partial needs MSE < {PARTIAL_MSE} and at least {PARTIAL_MARGIN_DB:g} dB over "
+            "the blind guess; else defended.")  # fmt: skip
 
 
 # ---- LPIPS -----------------------------------------------------------------------------------------------------
@@ -173,15 +231,32 @@ def lpips_available(explicit: str | None = None) -> bool:
         return False
 
 
-def lpips(a: Tensor, b: Tensor, weights: str | os.PathLike | None = None) -> Tensor | None:
-    """Per-image LPIPS v0.1 (AlexNet), or None when the backbone weights are not on this machine."""
-    path = alexnet_weights_path(weights)
-    if path is None:
-        return None
-    model = _lpips_model(str(path))
+# AlexNet's feature stack needs about 31 px; gradient-inversion papers report LPIPS on CIFAR's 32 px images.
+LPIPS_MIN_SIDE = 32
+
+
+def lpips(a: Tensor, b: Tensor, weights: str | os.PathLike | None = None, model: Any = None) -> Tensor | None:
+    """Per-image LPIPS v0.1 (AlexNet), or None when the backbone weights are not on this machine.
+
+    Images whose shorter side is under LPIPS_MIN_SIDE (32 px) are upsampled bilinearly (antialias off,
+    align_corners False) until it is 32 px, aspect kept, before the backbone: the CIFAR size at which the
+    gradient-inversion literature reports LPIPS (Geiping et al. 2020 and breaching compute it on 32 px images), and
+    the usual way to score MNIST's 28 px and smaller images with the AlexNet backbone, which rejects them otherwise
+    ("Output size is too small"). Grey images are repeated over three channels. `model`: an LPIPS module to use
+    instead of the one built from `weights` (tests only)."""
+    if model is None:
+        path = alexnet_weights_path(weights)
+        if path is None:
+            return None
+        model = _lpips_model(str(path))
     a3, b3 = a.float(), b.float()
     if a3.shape[1] == 1:
         a3, b3 = a3.expand(-1, 3, -1, -1), b3.expand(-1, 3, -1, -1)
+    side = min(a3.shape[-2:])
+    if side < LPIPS_MIN_SIDE:
+        size = tuple(int(math.ceil(s * LPIPS_MIN_SIDE / side)) for s in a3.shape[-2:])
+        up = lambda t: torch.nn.functional.interpolate(t, size=size, mode="bilinear", align_corners=False)  # noqa: E731
+        a3, b3 = up(a3), up(b3)
     with torch.no_grad():
         return model(a3 * 2 - 1, b3 * 2 - 1).flatten().double()
 
@@ -192,29 +267,54 @@ def score(
     rec_images: Tensor | None,
     rec_labels: Tensor | None,
     lpips_weights: str | None = None,
+    blind: Tensor | None = None,
+    rule: str = "margin",
 ) -> dict[str, Any]:
-    """Pair reconstructions with the truth by optimal assignment and average each metric over the pairs.
+    """Score a trial against its whole victim batch (module docstring): reconstructions paired with the images by
+    optimal assignment, images without one scored against the blind guess `blind` (1, C, H, W) (None: the batch's
+    own mean image, which an attacker could not know: a stand-in for tests only), each metric averaged over the
+    batch. Images in [0, 1].
 
-    Images in [0, 1]. Returns mse, psnr, ssim, lpips, cosine, label_acc, verdict, matched, and share_psnr40 (see
-    `exact_share`) (None where undefined).
-    """
+    Returns mse, psnr (per image capped at PSNR_CEILING), ssim, lpips, cosine, label_acc, verdict, matched (images
+    paired with a reconstruction of the attack's), blind (blind_mse, blind_psnr, blind_ssim of the blind guess on
+    this batch) and share_psnr40 (see `exact_share`); None where undefined (label-only attacks have no image
+    metrics)."""
     out: dict[str, Any] = dict(mse=None, psnr=None, ssim=None, lpips=None, cosine=None, verdict=None, matched=0)
     out["share_psnr40"] = None
+    out["blind"] = {}
     out["label_acc"] = label_accuracy(truth_labels, rec_labels)
-    if rec_images is None or len(rec_images) == 0:
+    if rec_images is None:
         return out
-    if rec_images.shape[1:] != truth_images.shape[1:]:
+    if len(rec_images) and rec_images.shape[1:] != truth_images.shape[1:]:
         raise ValueError(f"reconstruction shape {tuple(rec_images.shape[1:])} != data shape {tuple(truth_images.shape[1:])}")
-    ti, ri = match(truth_images, rec_images)
-    t, r = truth_images[ti], rec_images[ri]
+    n = len(truth_images)
+    guess = (mean_image(truth_images) if blind is None else blind.double().reshape(1, *truth_images.shape[1:]))
+    guesses = guess.expand(n, *truth_images.shape[1:])
+    # The blind guess fills in for every image the attack did not return; the assignment decides which.
+    padded = torch.cat([rec_images.double(), guesses[: max(0, n - len(rec_images))]])
+    ti, ri = match(truth_images, padded)
+    order = np.argsort(ti)
+    ti, ri = ti[order], ri[order]
+    t, r = truth_images[ti], padded[ri]
     m = mse(t, r)
+    out["matched"] = int((ri < len(rec_images)).sum())
     out["mse"] = float(m.mean())
-    out["psnr"] = float(psnr(t, r).mean())
-    out["share_psnr40"] = exact_share(truth_images, rec_images)
+    out["psnr"] = float(psnr(t, r, ceiling=PSNR_CEILING).mean())
+    out["share_psnr40"] = exact_share(truth_images, rec_images) if len(rec_images) else 0.0
     out["ssim"] = float(ssim(t, r).mean())
     out["cosine"] = float(cosine(t, r).mean())
     lp = lpips(t, r, lpips_weights)
     out["lpips"] = float(lp.mean()) if lp is not None else None
-    out["verdict"] = verdict(out["mse"])
-    out["matched"] = int(len(ti))
+    out["blind"] = blind_scores(truth_images, guess)
+    out["verdict"] = verdict(out["mse"], out["blind"]["blind_mse"], rule, complete=out["matched"] == n)
     return out
+
+
+def blind_scores(truth_images: Tensor, guess: Tensor) -> dict[str, float]:
+    """What the blind guess scores on this batch: blind_mse, blind_psnr (capped), blind_ssim (batch means)."""
+    g = guess.double().expand(len(truth_images), *truth_images.shape[1:])
+    return {
+        "blind_mse": float(mse(truth_images, g).mean()),
+        "blind_psnr": float(psnr(truth_images, g, ceiling=PSNR_CEILING).mean()),
+        "blind_ssim": float(ssim(truth_images, g).mean()),
+    }

@@ -18,7 +18,7 @@ import pandas as pd
 from gleak.errors import InputError
 from gleak.figures import atomic_write_bytes
 from gleak.registry import plugin_info
-from gleak.metrics import LPIPS_HOWTO, PARTIAL_MSE, RECOVERED_MSE, verdict
+from gleak.metrics import LPIPS_HOWTO, PSNR_CEILING, VERDICT_ORDER, verdict, verdict_rule_text
 from gleak.store import CSV_COLUMNS, DONE, NOT_APPLICABLE, Store
 from gleak.utility import utility_config, utility_frame
 
@@ -97,10 +97,72 @@ def case_variants(df: pd.DataFrame) -> pd.Series:
     return out
 
 
+def spread(values: Any) -> dict[str, float | None]:
+    """mean, std (ddof 1) and the two-sided 95% Student-t interval of the mean over the trials (seeds); None where
+    undefined (no value; std and interval of a single value)."""
+    v = np.asarray([float(x) for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))])
+    out: dict[str, float | None] = {"mean": None, "std": None, "lo": None, "hi": None, "n": float(len(v))}
+    if len(v) == 0:
+        return out
+    out["mean"] = float(v.mean())
+    if len(v) > 1:
+        from scipy.stats import t
+
+        sd = float(v.std(ddof=1))
+        half = float(t.ppf(0.975, len(v) - 1)) * sd / math.sqrt(len(v))
+        out.update(std=sd, lo=out["mean"] - half, hi=out["mean"] + half)
+    return out
+
+
+def _extra_value(js: Any, key: str) -> float | None:
+    if not isinstance(js, str) or not js:
+        return None
+    v = json.loads(js).get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def apply_verdicts(df: pd.DataFrame, rule: str = "margin") -> pd.DataFrame:
+    """Each trial's verdict under the suite's rule (gleak.metrics.verdict), from its MSE, its blind guess's MSE
+    (extra.blind_mse) and whether every image had a reconstruction; blind_* columns from extra beside it."""
+    df = df.copy()
+    for k in ("blind_mse", "blind_psnr", "blind_ssim"):
+        df[k] = [_extra_value(js, k) for js in df["extra"]] if "extra" in df else None
+    verdicts = []
+    for _, r in df.iterrows():
+        if r.get("status") != "ok" or _num(r.get("mse")) is None:
+            verdicts.append(None)
+            continue
+        matched, size = _num(r.get("matched")), _num(r.get("batch_size"))
+        complete = matched is None or size is None or matched >= size
+        verdicts.append(verdict(float(r["mse"]), _num(r.get("blind_mse")), rule, complete))
+    df["verdict"] = verdicts
+    return df
+
+
+def median_verdict(verdicts: Any) -> str | None:
+    """The verdict that at least half of the trials reach or exceed (the median on defended < partial < recovered,
+    the attacker's side of it for an even count)."""
+    v = sorted((VERDICT_ORDER[x] for x in verdicts if isinstance(x, str)), reverse=True)
+    if not v:
+        return None
+    level = v[(len(v) - 1) // 2]
+    return next(k for k, o in VERDICT_ORDER.items() if o == level)
+
+
+SPREAD_METRICS = ("psnr", "mse", "ssim", "lpips", "cosine", "label_acc", "seconds")
+
+
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (case, defense, defense params, attack, attack params) over the trials that finished."""
+    """One row per (case, defense, defense params, attack, attack params) over the trials that finished.
+
+    psnr: the median over trials of the trial PSNR (per image capped at PSNR_CEILING); mse_median the median MSE;
+    ssim, lpips, cosine, label_acc, seconds: means. Beside each, METRIC_mean, METRIC_std and METRIC_lo / METRIC_hi
+    (95% interval of the mean over seeds). blind_psnr / blind_mse / blind_ssim: the blind guess on the same batches
+    (median, median, mean). verdict: `median_verdict` of the trials' verdicts; recovered: their share recovered."""
     keys = CASE_KEYS + ["variant", "defense", "defense_params", "attack", "attack_params"]
     df = df.assign(variant=case_variants(df))
+    if "blind_mse" not in df:
+        df = apply_verdicts(df)
     rows = []
     for key, g in df.groupby(keys, sort=False, dropna=False):
         ok = g[g.status == "ok"]
@@ -109,20 +171,25 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
         row["failed"] = int((~g.status.isin(DONE)).sum())
         row["not_applicable"] = int((g.status == NOT_APPLICABLE).sum())
         has_img = ok["mse"].notna().any()
-        mse = ok["mse"].dropna()
-        row["psnr"] = float(ok["psnr"].dropna().mean()) if has_img else None
-        row["psnr_std"] = float(ok["psnr"].dropna().std(ddof=0)) if has_img else None
-        row["mse_median"] = float(mse.median()) if has_img else None
-        row["ssim"] = float(ok["ssim"].dropna().mean()) if has_img else None
-        row["lpips"] = float(ok["lpips"].dropna().mean()) if ok["lpips"].notna().any() else None
-        row["cosine"] = float(ok["cosine"].dropna().mean()) if has_img else None
-        row["label_acc"] = float(ok["label_acc"].dropna().mean()) if ok["label_acc"].notna().any() else None
+        for m in SPREAD_METRICS:
+            col = ok[m] if m != "seconds" else g[m]
+            st = spread(col.dropna().tolist()) if col.notna().any() else spread([])
+            for k in ("mean", "std", "lo", "hi"):
+                row[f"{m}_{k}"] = st[k]
+        row["psnr"] = float(ok["psnr"].dropna().median()) if has_img else None
+        row["mse_median"] = float(ok["mse"].dropna().median()) if has_img else None
+        for m in ("ssim", "lpips", "cosine", "label_acc", "seconds"):
+            row[m] = row[f"{m}_mean"]
         row["labels_exact"] = f"{int((ok['label_acc'] == 1.0).sum())}/{len(ok)}" if ok["label_acc"].notna().any() else None
-        row["recovered"] = float((mse < RECOVERED_MSE).mean()) if has_img else None
-        row["verdict"] = verdict(row["mse_median"]) if has_img else None
+        blind = ok[ok["mse"].notna()]
+        row["blind_psnr"] = float(blind["blind_psnr"].dropna().median()) if blind["blind_psnr"].notna().any() else None
+        row["blind_mse"] = float(blind["blind_mse"].dropna().median()) if blind["blind_mse"].notna().any() else None
+        row["blind_ssim"] = float(blind["blind_ssim"].dropna().mean()) if blind["blind_ssim"].notna().any() else None
+        verdicts = ok["verdict"].dropna()
+        row["recovered"] = float((verdicts == "recovered").mean()) if has_img and len(verdicts) else None
+        row["verdict"] = median_verdict(verdicts) if has_img else None
         row["grad_dist"] = float(ok["grad_dist"].dropna().mean()) if ok["grad_dist"].notna().any() else None
         row["extra"] = _numeric_extras(ok["extra"])
-        row["seconds"] = float(g["seconds"].mean())
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -147,20 +214,37 @@ def _num(v: Any) -> float | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
+def competition_rank(values: list[float | None], ascending: bool) -> list[int]:
+    """Ranks 1, 2, 2, 4 ...: equal values (to 0.01, the precision shown) share a rank; missing values come last."""
+    key = [(1, 0.0) if v is None or (isinstance(v, float) and math.isnan(v)) else (0, round(float(v), 2) * (1 if ascending else -1))
+           for v in values]  # fmt: skip
+    return [1 + sum(1 for k2 in key if k2 < k) for k in key]
+
+
+_WORST_KEYS = ("psnr", *(f"{m}_{k}" for m in ("psnr", "mse", "ssim", "lpips") for k in ("mean", "std", "lo", "hi")),
+               "mse_median", "ssim", "lpips", "verdict", "recovered", "blind_psnr", "blind_mse", "blind_ssim", "trials")
+
+
 def defense_ranking(agg: pd.DataFrame, utility: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Each defense config's worst case over attacks and cases (image attacks by PSNR; label attacks beside)."""
+    """Each defense config's worst case over attacks and cases: the (case, attack) group with the highest median
+    PSNR (the most leaky; ties to the lower median MSE), with its spread and its blind guess; label accuracy is the
+    best any attack reaches, with the attack that reached it. Ranked by the worst case's median PSNR, lowest
+    first; equal values share a rank."""
     rows = []
     for (d, dp), g in agg.groupby(["defense", "defense_params"], sort=False):
         img = g[g["psnr"].notna()]
         row: dict[str, Any] = {"defense": d, "defense_params": dp}
         if len(img):
-            worst = img.loc[img["psnr"].idxmax()]
-            row.update(
-                worst_attack=worst["attack"], worst_case=_case_text(worst), psnr=worst["psnr"], mse_median=worst["mse_median"],
-                ssim=worst["ssim"], lpips=worst["lpips"], verdict=worst["verdict"], recovered=worst["recovered"],
-            )  # fmt: skip
+            img = img.sort_values(["psnr", "mse_median"], ascending=[False, True], kind="stable")
+            worst = img.iloc[0]
+            row.update(worst_attack=worst["attack"], worst_case=_case_text(worst), **{k: worst.get(k) for k in _WORST_KEYS})
         lab = g[g["label_acc"].notna()]
-        row["label_acc"] = float(lab["label_acc"].max()) if len(lab) else None
+        if len(lab):
+            best = lab.loc[lab["label_acc"].idxmax()]
+            row.update(label_acc=float(best["label_acc"]), label_acc_std=_num(best.get("label_acc_std")),
+                       label_attack=best["attack"])  # fmt: skip
+        else:
+            row.update(label_acc=None, label_acc_std=None, label_attack=None)
         row["grad_dist"] = float(g["grad_dist"].dropna().mean()) if g["grad_dist"].notna().any() else None
         if utility is not None:
             u = utility[(utility["defense"] == d) & (utility["defense_params"] == dp)]
@@ -170,32 +254,64 @@ def defense_ranking(agg: pd.DataFrame, utility: pd.DataFrame | None = None) -> p
         rows.append(row)
     out = pd.DataFrame(rows)
     if "psnr" in out:
-        # Lowest worst-case PSNR first; ties (exact recoveries give inf) broken by the larger median MSE.
         out = out.sort_values(["psnr", "mse_median"], ascending=[True, False], na_position="last", kind="stable")
         out = out.reset_index(drop=True)
-    out.insert(0, "rank", range(1, len(out) + 1))
+        out.insert(0, "rank", competition_rank(list(out["psnr"]), ascending=True))
+    else:
+        out.insert(0, "rank", range(1, len(out) + 1))
     return out
 
 
-def attack_ranking(agg: pd.DataFrame) -> pd.DataFrame:
+def threat_model_text(name: str, params_js: str) -> str:
+    """What the attack needs (gleak.threat.KNOWLEDGE keys), plus 'active server' for an attack that modifies the
+    model it sends."""
+    from gleak.registry import create
+
+    try:
+        attack = create("attack", name, **(json.loads(params_js) if isinstance(params_js, str) and params_js else {}))
+    except Exception:  # noqa: BLE001 - a plugin that is not loaded now: say nothing rather than guess
+        return ""
+    parts = sorted(attack.needs)
+    if getattr(attack, "active", False):
+        parts.append("active server")
+    return ", ".join(p.replace("_", " ") for p in parts) or "nothing"
+
+
+def attack_ranking(agg: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each attack config's median PSNR over its undefended trials (every case), with their spread; ranked highest
+    first (ties share a rank), then by label accuracy. Time: mean seconds per trial over all its trials."""
+    if df is not None:
+        df = df if "verdict" in df and "blind_mse" in df else apply_verdicts(df)
     rows = []
     for (a, ap), g in agg.groupby(["attack", "attack_params"], sort=False):
-        base = g[g["defense"] == "none"]
         img = g[g["psnr"].notna()]
-        rows.append(
-            {
-                "attack": a,
-                "attack_params": ap,
-                "psnr_undefended": float(base["psnr"].dropna().mean()) if base["psnr"].notna().any() else None,
-                "best_psnr": float(img["psnr"].max()) if len(img) else None,
-                "defenses_recovered": f"{int((img['verdict'] == 'recovered').sum())}/{len(img)}" if len(img) else None,
-                "label_acc_undefended": float(base["label_acc"].dropna().mean()) if base["label_acc"].notna().any() else None,
-            }
-        )
+        row: dict[str, Any] = {"attack": a, "attack_params": ap}
+        if df is not None:
+            t = df[(df["attack"] == a) & (df["attack_params"] == ap)]
+            base = t[(t["defense"] == "none") & (t["status"] == "ok")]
+            p = base["psnr"].dropna()
+            st = spread(p.tolist())
+            row.update(psnr_undefended=float(p.median()) if len(p) else None, psnr_undefended_mean=st["mean"],
+                       psnr_undefended_std=st["std"], psnr_undefended_lo=st["lo"], psnr_undefended_hi=st["hi"])  # fmt: skip
+            la = base["label_acc"].dropna()
+            row["label_acc_undefended"] = float(la.mean()) if len(la) else None
+            sec = spread(t["seconds"].dropna().tolist())
+            row["seconds"], row["seconds_std"] = sec["mean"], sec["std"]
+        else:
+            base = g[g["defense"] == "none"]
+            row["psnr_undefended"] = float(base["psnr"].dropna().median()) if base["psnr"].notna().any() else None
+            row["label_acc_undefended"] = float(base["label_acc"].dropna().mean()) if base["label_acc"].notna().any() else None
+            row["seconds"] = float(g["seconds"].mean())
+        row["best_psnr"] = float(img["psnr"].max()) if len(img) else None
+        row["defenses_recovered"] = f"{int((img['verdict'] == 'recovered').sum())}/{len(img)}" if len(img) else None
+        row["threat_model"] = threat_model_text(a, ap)
+        rows.append(row)
     out = pd.DataFrame(rows)
     out = out.sort_values(["psnr_undefended", "label_acc_undefended"], ascending=False, na_position="last", kind="stable")
     out = out.reset_index(drop=True)
-    out.insert(0, "rank", range(1, len(out) + 1))
+    primary = [p if _num(p) is not None else (None if _num(l) is None else -1000 + float(l))
+               for p, l in zip(out["psnr_undefended"], out["label_acc_undefended"])]  # fmt: skip
+    out.insert(0, "rank", competition_rank(primary, ascending=False))
     return out
 
 
@@ -211,7 +327,26 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _extras_text(d: dict[str, float]) -> str:
-    return ", ".join(f"{k}={v:.3g}" for k, v in sorted(d.items()) if not k.startswith("_"))
+    return ", ".join(f"{k}={v:.3g}" for k, v in sorted(d.items()) if not k.startswith(("_", "blind_")))
+
+
+def _ms(r: Any, m: str, kind: str, ci: bool = False, mean_key: str | None = None) -> str:
+    """'mean ± std' of metric m (with ' [lo, hi]', the 95% interval of the mean, when ci); '' when undefined."""
+    mean = _num(r.get(mean_key or f"{m}_mean"))
+    if mean is None:
+        return ""
+    text = _fmt(mean, kind)
+    std = _num(r.get(f"{m}_std"))
+    text += f" ± {_fmt(std, kind)}" if std is not None else " (1 trial)"
+    lo, hi = _num(r.get(f"{m}_lo")), _num(r.get(f"{m}_hi"))
+    if ci and lo is not None and hi is not None:
+        text += f" [{_fmt(lo, kind)}, {_fmt(hi, kind)}]"
+    return text
+
+
+def _label_text(r: Any) -> str:
+    acc = _num(r.get("label_acc"))
+    return "" if acc is None else f"{_fmt(acc, '3')} ({r.get('label_attack')})"
 
 
 def _defense_label(name: str, params_js: str, vd: dict[str, set[str]]) -> str:
@@ -268,7 +403,7 @@ def _utility_intro(cfg: Any, utility: pd.DataFrame) -> str:
 def leaderboard_document(
     suite: str, description: str, df: pd.DataFrame, agg: pd.DataFrame, dr: pd.DataFrame, ar: pd.DataFrame,
     utility: pd.DataFrame | None = None, notes: list[str] | None = None, utility_cfg: Any = None,
-    figures: list[tuple[str, str]] | None = None,
+    figures: list[tuple[str, str]] | None = None, rule: str = "margin",
 ) -> list[tuple]:  # fmt: skip
     """The leaderboard as blocks, rendered to Markdown and HTML alike: ("h1"|"h2"|"h3"|"p", text),
     ("table", header, rows), ("list", items), ("figure", relative path, caption)."""
@@ -280,20 +415,27 @@ def leaderboard_document(
         doc.append(("p", description.strip()))
     doc.append(("p",
         f"{len(df)} trials: {ok} ok, {failed} failed" + (f", {n_a} not applicable" if n_a else "") + ". Written by `gleak run`; regenerate with `gleak leaderboard DIR`. "
-        f"Verdict of the median MSE (DLG Fig. 6 bands, seed 002): MSE < {RECOVERED_MSE} recovered, < {PARTIAL_MSE} "
-        "partial, else defended. PSNR, SSIM, LPIPS, cosine: means over trials after optimal matching; "
-        "'recovered' is the share of trials below the recovered band."))  # fmt: skip
+        "Every trial is scored against the victim's whole batch: reconstructions are paired with the images by "
+        "optimal assignment and an image left without one is scored against the blind guess, the data set's mean "
+        "image (the per-pixel mean of the split the victims come from); the blind guess's own PSNR / MSE / SSIM on "
+        f"the same batches is shown beside each case. Per-image PSNR is capped at {PSNR_CEILING:g} dB (exact "
+        "recoveries). PSNR and MSE: medians over trials (seeds); beside them and for SSIM, LPIPS, label accuracy "
+        "and time: mean ± std [95% interval of the mean, Student t over seeds]. " + verdict_rule_text(rule)
+        + " A group's verdict is the one at least half of its trials reach or exceed; 'recovered' is the share of "
+        "its trials recovered. Ranks: equal values (to 0.01) share a rank."))  # fmt: skip
     show_util = utility is not None and "accuracy" in dr.columns
-    h = ["rank", "defense", "params", "worst attack", "worst case", "PSNR", "MSE (median)", "SSIM", "LPIPS", "verdict",
-         "recovered", "label acc", "grad dist"]  # fmt: skip
+    h = ["rank", "defense", "params", "worst attack", "worst case", "PSNR (median)", "PSNR mean ± std [95%]",
+         "blind PSNR", "MSE (median)", "SSIM mean ± std", "LPIPS", "verdict", "recovered", "label acc (attack)",
+         "grad dist"]  # fmt: skip
     if show_util:
         h += ["accuracy", "epsilon"]
     rows = []
     for _, r in dr.iterrows():
         row = [str(r["rank"]), r["defense"], _params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"])),
-               _s(r.get("worst_attack")), _s(r.get("worst_case")), _fmt(r.get("psnr"), "2"), _fmt(r.get("mse_median"), "e"),
-               _fmt(r.get("ssim"), "3"), _fmt(r.get("lpips"), "3"), _s(r.get("verdict")),
-               _fmt(r.get("recovered"), "pct"), _fmt(r.get("label_acc"), "3"), _fmt(r.get("grad_dist"), "3")]  # fmt: skip
+               _s(r.get("worst_attack")), _s(r.get("worst_case")), _fmt(r.get("psnr"), "2"), _ms(r, "psnr", "2", ci=True),
+               _fmt(r.get("blind_psnr"), "2"), _fmt(r.get("mse_median"), "e"), _ms(r, "ssim", "3", mean_key="ssim"),
+               _fmt(r.get("lpips"), "3"), _s(r.get("verdict")), _fmt(r.get("recovered"), "pct"), _label_text(r),
+               _fmt(r.get("grad_dist"), "3")]  # fmt: skip
         if show_util:
             row += [_fmt(r.get("accuracy"), "pct"), _fmt(r.get("epsilon"), "2")]
         rows.append(row)
@@ -309,7 +451,7 @@ def leaderboard_document(
             by = ", ".join(sorted(set(hit["worst_attack"])))
             broken.append(f"{name} in {len(hit)} of its {len(g)} configurations (by {by})")
     if broken:
-        doc.append(("p", "Broken: an attack recovers the victim's data (median MSE in the recovered band) through "
+        doc.append(("p", "Broken: an attack recovers the victim's data (verdict recovered, by the rule above) through "
                          + "; ".join(broken) + "."))  # fmt: skip
 
     if show_util:
@@ -330,14 +472,16 @@ def leaderboard_document(
                               "worst attack", "verdict", "error"], rows))  # fmt: skip
 
     rows = [[str(r["rank"]), r["attack"], _params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
-             _fmt(r["psnr_undefended"], "2"), _fmt(r["best_psnr"], "2"), _s(r["defenses_recovered"]),
-             _fmt(r["label_acc_undefended"], "3")]
+             _fmt(r["psnr_undefended"], "2"), _ms(r, "psnr_undefended", "2", ci=True), _fmt(r["best_psnr"], "2"),
+             _s(r["defenses_recovered"]), _fmt(r["label_acc_undefended"], "3"), _ms(r, "seconds", "2", mean_key="seconds"),
+             _s(r.get("threat_model"))]
             for _, r in ar.iterrows()]  # fmt: skip
-    h = ["rank", "attack", "params", "PSNR undefended", "best PSNR", "configs recovered", "label acc undefended"]
+    h = ["rank", "attack", "params", "PSNR undefended (median)", "mean ± std [95%]", "best PSNR", "configs recovered",
+         "label acc undefended", "seconds per trial", "threat model (needs)"]  # fmt: skip
     doc += [("h2", "Attacks, ranked by their results against the undefended baseline"), ("table", h, rows)]
     mh, mrows = attack_defense_matrix(agg, dr, vd, va)
     doc += [("h2", "Each attack's best result against each defense"),
-            ("p", "PSNR (dB) of the attack's best reconstruction over cases, with its verdict; label-only attacks: "
+            ("p", "Median PSNR (dB) of the attack's best case, with its verdict; label-only attacks: "
                   "their best label accuracy. Defenses in ranking order."),
             ("table", mh, mrows)]  # fmt: skip
 
@@ -350,14 +494,21 @@ def leaderboard_document(
     for case_key, g in agg.groupby(CASE_KEYS + ["variant"], sort=False):
         variant = f" {case_key[3]}" if case_key[3] else ""
         doc.append(("h3", f"dataset={case_key[0]} model={case_key[1]} batch size={case_key[2]}{variant}"))
-        h = ["defense", "params", "attack", "attack params", "trials", "PSNR", "MSE (median)", "SSIM", "LPIPS",
-             "cosine", "label acc", "labels exact", "recovered", "verdict", "grad dist", "diagnostics"]  # fmt: skip
-        rows = [[r["defense"], _params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"])), r["attack"],
-                 _params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
-                 "n/a" if r["not_applicable"] == r["trials"] else f"{r['trials'] - r['failed'] - r['not_applicable']}/{r['trials']}", _fmt(r["psnr"], "2"), _fmt(r["mse_median"], "e"),
-                 _fmt(r["ssim"], "3"), _fmt(r["lpips"], "3"), _fmt(r["cosine"], "3"), _fmt(r["label_acc"], "3"),
-                 _s(r["labels_exact"]), _fmt(r["recovered"], "pct"), _s(r["verdict"]),
-                 _fmt(r["grad_dist"], "3"), _extras_text(r["extra"])] for _, r in g.iterrows()]  # fmt: skip
+        h = ["defense", "params", "attack", "attack params", "trials", "PSNR (median)", "PSNR mean ± std [95%]",
+             "MSE (median)", "SSIM mean ± std", "LPIPS", "cosine", "label acc mean ± std", "labels exact", "recovered",
+             "verdict", "seconds", "grad dist", "diagnostics"]  # fmt: skip
+        rows = []
+        if g["blind_psnr"].notna().any():  # what an attacker who ignores the update scores on the same batches
+            rows.append(["(blind guess)", "mean image", "-", "-", "", _fmt(float(g["blind_psnr"].dropna().median()), "2"),
+                         "", _fmt(float(g["blind_mse"].dropna().median()), "e"),
+                         _fmt(float(g["blind_ssim"].dropna().mean()), "3"), "", "", "", "", "", "", "", "", ""])  # fmt: skip
+        rows += [[r["defense"], _params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"])), r["attack"],
+                  _params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
+                  _trials_text(r), _fmt(r["psnr"], "2"), _ms(r, "psnr", "2", ci=True),
+                  _fmt(r["mse_median"], "e"), _ms(r, "ssim", "3", mean_key="ssim"), _fmt(r["lpips"], "3"),
+                  _fmt(r["cosine"], "3"), _ms(r, "label_acc", "3", mean_key="label_acc"), _s(r["labels_exact"]),
+                  _fmt(r["recovered"], "pct"), _s(r["verdict"]), _ms(r, "seconds", "2", mean_key="seconds"),
+                  _fmt(r["grad_dist"], "3"), _extras_text(r["extra"])] for _, r in g.iterrows()]  # fmt: skip
         doc.append(("table", h, rows))
     if n_a:
         why = df[df.status == NOT_APPLICABLE].groupby(["attack", "defense", "error"], dropna=False).size().reset_index(name="n")
@@ -375,6 +526,12 @@ def leaderboard_document(
     return doc
 
 
+def _trials_text(r: Any) -> str:
+    """'ran/all' of a cell, or n/a when its plugin cannot handle the case at all (UnsupportedCase)."""
+    na = int(r.get("not_applicable", 0) or 0)
+    return "n/a" if na and na == r["trials"] else f"{r['trials'] - r['failed'] - na}/{r['trials']}"
+
+
 def md_escape(text: str) -> str:
     """Text for Markdown: outside `code` spans, what would start HTML markup (a tag, an entity, a quote at the start
     of a line) as entities, so that a name, a parameter or a description is shown as written, never as markup."""
@@ -387,6 +544,26 @@ def md_escape(text: str) -> str:
     parts = re.split(r"(`[^`]*`)", str(text))
     out = "".join(p if p.startswith("`") and p.endswith("`") and len(p) > 1 else plain(p) for p in parts)
     return re.sub(r"(?m)^(\s*)>", r"\1&gt;", out)
+
+
+def leaderboard_notes(df: pd.DataFrame) -> list[str]:
+    """Notes a reader must see: attacks run below the budget their settings were tuned for (extra.under_budget)."""
+    notes = []
+    if "case" in df and any('"model_state": "trained"' in c for c in df["case"].dropna()):
+        notes.append("model_state=trained: the model trained on the data set's training split; the victims' batches "
+                     "(and the blind guess, their split's mean image) come from the test split, images it never "
+                     "trained on (Geiping et al. attack validation images); attacks given public data get the "
+                     "training split.")  # fmt: skip
+    if "extra" not in df:
+        return notes
+    under = df[[bool(_extra_value(js, "under_budget")) for js in df["extra"]]]
+    for (a, ap), g in under.groupby(["attack", "attack_params"], sort=False):
+        tuned = {_extra_value(js, "tuned_iterations") for js in g["extra"]} - {None}
+        p = json.loads(ap) if isinstance(ap, str) else {}
+        notes.append(f"{a} ran {p.get('iterations')} iterations in {len(g)} trials, far below the "
+                     f"{', '.join(f'{t:g}' for t in sorted(tuned))} its preset's TV weight was tuned for: its results "
+                     "understate the attack.")  # fmt: skip
+    return notes
 
 
 def render_markdown(doc: list[tuple]) -> str:
@@ -501,13 +678,41 @@ def _write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+META_JSON = "suite.json"
+
+
 def _load(folder: Path) -> dict[str, Any]:
+    """The folder's trials and suite settings: from its store, or, where only the committed files are (a fresh
+    clone: stores are not committed, except small ones), from results.csv, utility.csv and suite.json."""
+    if not Store.exists(folder) and (folder / "results.csv").is_file():
+        return _load_committed(folder)
     store = Store.open_existing(folder)
     try:
-        return {"df": results_frame(store), "utility": utility_frame(store), "utility_cfg": utility_config(store),
-                "suite": store.get_meta("suite", folder.name), "description": store.get_meta("description", "")}  # fmt: skip
+        rule = store.get_meta("verdict", "margin") or "margin"
+        return {"df": apply_verdicts(results_frame(store), rule), "utility": utility_frame(store), "rule": rule,
+                "utility_cfg": utility_config(store), "suite": store.get_meta("suite", folder.name),
+                "description": store.get_meta("description", "")}  # fmt: skip
     finally:
         store.close()
+
+
+def _load_committed(folder: Path) -> dict[str, Any]:
+    from gleak.config import UtilityConfig
+
+    meta = json.loads((folder / META_JSON).read_text()) if (folder / META_JSON).is_file() else {}
+    df = pd.read_csv(folder / "results.csv", dtype={"attack_params": str, "defense_params": str, "extra": str, "case": str})
+    for c in CSV_COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    df = df.astype(object).where(df.notna(), None)
+    for c in ("mse", "psnr", "ssim", "lpips", "label_acc", "cosine", "grad_dist", "seconds", "matched", "batch_size", "seed"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    utility = pd.read_csv(folder / "utility.csv") if (folder / "utility.csv").is_file() else None
+    cfg = meta.get("utility_config")
+    rule = meta.get("verdict", "margin")
+    return {"df": apply_verdicts(df, rule), "utility": utility, "rule": rule,
+            "utility_cfg": UtilityConfig(**cfg) if cfg else None, "suite": meta.get("suite", folder.name),
+            "description": meta.get("description", "")}  # fmt: skip
 
 
 def _slug(text: str) -> str:
@@ -592,9 +797,14 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
             f"Reconstructions per attack (columns) and defense (rows), {case}.")
 
     # Each metric against defense strength, one line per attack (worst case over cases per configuration).
-    worst = agg.groupby(["defense", "defense_params", "attack", "attack_params"], sort=False).agg(
-        psnr=("psnr", "max"), ssim=("ssim", "max"), mse_median=("mse_median", "min"), lpips=("lpips", "min"),
-        label_acc=("label_acc", "max")).reset_index()  # fmt: skip
+    # The most leaky case of each (defense config, attack config), with the spread over its seeds (error bars).
+    order = agg.assign(_p=agg["psnr"].fillna(-math.inf), _l=agg["label_acc"].fillna(-math.inf))
+    order = order.sort_values(["_p", "mse_median", "_l"], ascending=[False, True, False], kind="stable")
+    worst = order.drop_duplicates(["defense", "defense_params", "attack", "attack_params"])
+    worst = worst.set_index(["defense", "defense_params", "attack", "attack_params"]).reindex(
+        list(dict.fromkeys(zip(agg["defense"], agg["defense_params"], agg["attack"], agg["attack_params"])))).reset_index()
+    for m in ("psnr", "ssim", "lpips", "label_acc"):
+        worst[f"{m}_err"] = worst[f"{m}_std"]
     worst["attack_label"] = [_attack_label(a, ap, va) for a, ap in zip(worst["attack"], worst["attack_params"])]
     base = worst[worst["defense"] == "none"]
     acc_of = {}
@@ -608,7 +818,8 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
                 w = worst[(worst["defense"] == name) & (worst["defense_params"] == js)]
                 for _, r in w.iterrows():
                     lines.append({"attack": r["attack_label"], "group": label, "x": x,
-                                  **{m: _num(r[m]) for m in ("psnr", "ssim", "mse_median", "lpips", "label_acc")}})  # fmt: skip
+                                  **{m: _num(r[m]) for m in ("psnr", "ssim", "mse_median", "lpips", "label_acc")},
+                                  **{f"{m}_err": _num(r[f"{m}_err"]) for m in ("psnr", "ssim", "lpips", "label_acc")}})  # fmt: skip
                 if acc_of.get((name, js)) is not None:
                     accs.append({"group": label, "x": x, "accuracy": acc_of[(name, js)]})
         baselines: dict[str, Any] = {m: {r["attack_label"]: _num(r[m]) for _, r in base.iterrows()}
@@ -617,15 +828,16 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
         path = fig_dir / f"strength_{_slug(name)}_{_slug(key)}.png"
         add(fg.strength_figure(pd.DataFrame(lines), pd.DataFrame(accs) if accs else None, baselines, key, path,
                                f"{name}: each metric against {key}"),
-            f"{name}: the best attack result (worst case over cases) and the test accuracy against {key}, one line per attack.")  # fmt: skip
+            f"{name}: the best attack result (worst case over cases; median PSNR and MSE, mean SSIM, LPIPS and label "
+            f"accuracy; bars: ± one standard deviation over seeds) and the test accuracy against {key}, one line per attack.")  # fmt: skip
 
     # The privacy-utility frontier.
     if utility is not None and "accuracy" in dr and dr["accuracy"].notna().any() and dr["psnr"].notna().any():
         pts = pd.DataFrame({"label": [_defense_label(r["defense"], r["defense_params"], vd) for _, r in dr.iterrows()],
-                            "accuracy": dr["accuracy"], "psnr": dr["psnr"]})  # fmt: skip
+                            "accuracy": dr["accuracy"], "psnr": dr["psnr"], "psnr_err": dr["psnr_std"]})  # fmt: skip
         add(fg.frontier_figure(pts, fig_dir / "frontier.png", "Privacy-utility frontier: worst-case attack PSNR against test accuracy", base_acc),
-            "Privacy-utility frontier: each defense configuration's worst-case attack PSNR against its test accuracy; "
-            "the Pareto front in red.")  # fmt: skip
+            "Privacy-utility frontier: each defense configuration's worst-case attack PSNR (median; bars: ± one "
+            "standard deviation over seeds) against its test accuracy; the Pareto front in red.")  # fmt: skip
         curves = [(_defense_label(u["defense"], u["defense_params"], vd), json.loads(u["extra"] or "{}").get("curve", []))
                   for _, u in utility.iterrows()]  # fmt: skip
         if any(c for _, c in curves):
@@ -652,6 +864,13 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
     csv = df[CSV_COLUMNS].to_csv(index=False)
     _write_text(folder / "results.csv", csv)
     paths["results.csv"] = folder / "results.csv"
+    import dataclasses
+
+    ucfg = data["utility_cfg"]
+    meta = {"suite": suite, "description": description, "verdict": data["rule"],
+            "utility_config": dataclasses.asdict(ucfg) if ucfg is not None else None}  # fmt: skip
+    _write_text(folder / META_JSON, json.dumps(meta, indent=1, sort_keys=True) + "\n")  # what a clone rebuilds from
+    paths[META_JSON] = folder / META_JSON
     if utility is not None:
         _write_text(folder / "utility.csv", utility.to_csv(index=False))
         paths["utility.csv"] = folder / "utility.csv"
@@ -663,9 +882,10 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
         return paths
     agg = aggregate(df)
     dr = defense_ranking(agg, utility)
-    ar = attack_ranking(agg)
+    ar = attack_ranking(agg, df)
     figures = write_figures(folder, data)
-    doc = leaderboard_document(suite, description, df, agg, dr, ar, utility, None, data["utility_cfg"], figures)
+    doc = leaderboard_document(suite, description, df, agg, dr, ar, utility, leaderboard_notes(df), data["utility_cfg"],
+                               figures, data["rule"])  # fmt: skip
     _write_text(folder / "leaderboard.md", render_markdown(doc))
     _write_text(folder / "leaderboard.html", render_html(doc, folder))
     _write_text(folder / "leaderboard.csv", dr.to_csv(index=False))

@@ -281,6 +281,7 @@ def run_suite(
         # so that an interrupted run, or a run of another suite that stops, hides none of the trials shown before.
         store.set_meta("suite", suite.name)
         store.set_meta("description", suite.description)
+        store.set_meta("verdict", suite.verdict)  # the leaderboard's verdict rule
         store.set_membership(suite.trials)
         from gleak.utility import run_suite_utility
 

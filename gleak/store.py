@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS trials (
 );
 CREATE TABLE IF NOT EXISTS membership (position INTEGER PRIMARY KEY, trial_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS reconstructions (trial_id TEXT PRIMARY KEY, arrays BLOB NOT NULL);
 """
 _UTILITY_SCHEMA = """
 CREATE TABLE IF NOT EXISTS utility (
@@ -291,6 +292,20 @@ class Store:
         with self.db:
             self.db.execute("BEGIN")
             self.db.executemany(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", [list(r.values()) for r in recs])
+            arrays = [(cfg.trial_id, row["reconstruction"]) for cfg, row in finished if row.get("reconstruction")]
+            if arrays:  # the reconstruction's arrays (gleak.reconstructions), in the same transaction as its row
+                self.db.executemany("INSERT OR REPLACE INTO reconstructions VALUES (?, ?)", arrays)
+
+    def update_scores(self, rows: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
+        """`gleak rescore`: new metric values and extra of stored trials, (trial_id, {column: value}, extra), in one
+        transaction. Only METRIC_COLUMNS change; the attack's output is untouched."""
+        with self.db:
+            self.db.execute("BEGIN")
+            for trial_id, cols, extra in rows:
+                cols = {k: v for k, v in cols.items() if k in METRIC_COLUMNS}
+                cols["extra"] = _json(extra)
+                sets = ", ".join(f'"{k}" = ?' for k in cols)
+                self.db.execute(f"UPDATE trials SET {sets} WHERE trial_id = ?", [*cols.values(), trial_id])
 
     def rekey(self) -> list[tuple[str, str]]:
         """Give every stored trial the id its stored config has under the current code (and rename its image).
@@ -325,6 +340,7 @@ class Store:
                     (new, cfg.to_json(), _json(cfg.case.to_dict()), new_image, old),
                 )
                 self.db.execute("UPDATE membership SET trial_id = ? WHERE trial_id = ?", (new, old))
+                self.db.execute("UPDATE reconstructions SET trial_id = ? WHERE trial_id = ?", (new, old))
                 taken.add(new)
                 changed.append((old, new))
         for p in stale:
@@ -398,6 +414,14 @@ class Store:
         cur = self.db.execute("SELECT * FROM utility")
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def reconstructions(self) -> list[tuple[str, bytes, str | None]]:
+        """(trial_id, arrays, extra JSON) of the current suite's finished trials that stored a reconstruction."""
+        q = ("SELECT t.trial_id, r.arrays, t.extra FROM reconstructions r JOIN trials t ON t.trial_id = r.trial_id "
+             "WHERE t.status = 'ok'")  # fmt: skip
+        if self.db.execute("SELECT COUNT(*) FROM membership").fetchone()[0]:
+            q += " AND t.trial_id IN (SELECT trial_id FROM membership)"
+        return [tuple(r) for r in self.db.execute(q)]
 
     def close(self) -> None:
         self.db.close()

@@ -1,6 +1,7 @@
 """Suites: TOML files that describe a grid of trials. Parsed, validated completely, then expanded.
 
-    [suite]                      name, seeds (a list, or N for 0..N-1), description, save_images
+    [suite]                      name, seeds (a list, or N for 0..N-1), description, save_images,
+                                 verdict ("margin", default, or "seed002": see gleak.metrics)
     [case]                       keys of gleak.config.CaseConfig; a list value expands the grid; `protocol` names
                                  the round protocol (fedsgd by default) and `protocol_params` its parameters
     [[attack]] / [[defense]]     name plus parameters; a list value expands the grid
@@ -27,7 +28,7 @@ from gleak.config import (
 )  # fmt: skip
 from gleak.errors import InputError, UnknownPluginError
 
-SUITE_KEYS = {"name", "seeds", "description", "save_images"}
+SUITE_KEYS = {"name", "seeds", "description", "save_images", "verdict"}
 TOP_TABLES = {"suite", "case", "attack", "defense", "grid", "utility"}
 GRID_KEYS = {"name", "seeds", "case", "attack", "defense"}
 MAX_SEED = 2**63
@@ -59,6 +60,7 @@ class Suite:
     save_images: bool = True
     extra_tables: dict[str, Any] = field(default_factory=dict)
     utility: UtilityConfig | None = None  # the [utility] table, validated
+    verdict: str = "margin"  # the verdict rule of its leaderboard (gleak.metrics.VERDICT_RULES)
 
 
 def _close(key: str, known: typing.Iterable[str]) -> str:
@@ -347,6 +349,11 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     if not isinstance(description, str):
         raise where.error("suite", "description", "must be a string")
     seeds = _seeds(meta.get("seeds", [0]), where, "suite")
+    from gleak.metrics import VERDICT_RULES
+
+    verdict = meta.get("verdict", "margin")
+    if verdict not in VERDICT_RULES:
+        raise where.error("suite", "verdict", f"must be one of {', '.join(map(repr, VERDICT_RULES))}, got {verdict!r}")
 
     grids = doc.get("grid")
     trials: list[TrialConfig] = []
@@ -377,4 +384,4 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
         unique.setdefault(t.trial_id, t)  # the same trial asked for twice runs once
     extras = {k: doc[k] for k in extra_tables if k in doc}
     utility = _utility(doc["utility"], where) if "utility" in doc and "utility" not in extra_tables else None
-    return Suite(name, path, list(unique.values()), description, save_images, extras, utility)
+    return Suite(name, path, list(unique.values()), description, save_images, extras, utility, verdict)

@@ -23,7 +23,7 @@ from gleak.errors import UnsupportedCase
 from gleak.gate import attacker_knowledge, observation, observer_model  # noqa: F401 - observer_model: public here
 from gleak.store import NOT_APPLICABLE
 from gleak.guards import extra_json
-from gleak.metrics import relative_distance, score
+from gleak.metrics import mean_image, relative_distance, score
 from gleak.plugin import Attack, Defense
 from gleak.pretrain import build_model
 from gleak.protocol import Protocol, Schedule, fedavg_update, fedsgd_update, run_rounds, trial_setup
@@ -102,7 +102,11 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     """Run one trial and return its metrics (raises on failure). See `run_trial` for the stored row."""
     dtype = DTYPES[cfg.case.dtype]
     ds = load_case_data(cfg)
-    batches = draw_batches(ds, cfg, dtype)
+    # A trained model is attacked on images it never trained on (Geiping et al. attack validation images): the
+    # clients' batches come from the test split, and public data for the attacker from the training split.
+    held_out = cfg.case.model_state == "trained"
+    pool = load_case_data(cfg, "test") if held_out else ds
+    batches = draw_batches(pool, cfg, dtype)
     victim = batches[0]
     attack: Attack = create("attack", cfg.attack, **cfg.attack_params)
     setup = trial_setup(cfg.case, cfg.defense, cfg.defense_params)
@@ -113,7 +117,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     if attack.active and not protocol.shared_model:
         raise UnsupportedCase(f"active attack {cfg.attack!r} through protocol {setup.protocol!r}: its clients never "
                               "compute at the model the server prepares")  # fmt: skip
-    public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
+    public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public)
 
     model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
@@ -135,7 +139,8 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
         raise FloatingPointError("the reconstruction has NaN or infinite pixels")
 
     rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
-    scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights)
+    blind = mean_image(pool.x)  # the blind guess: the mean image of the split the victims come from
+    scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights, blind)
     # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
     plain = last.updates[0] if type(defenses[0]).client_gradient is Defense.client_gradient else \
         protocol.client_update(last.at[0], victim, create("defense", "none"), generator(cfg.seed, "client/0"))  # fmt: skip
@@ -145,8 +150,10 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     eps = defenses[0].privacy_spent()  # the victim's accountant, stepped with the noisy steps it took
     if eps is not None:
         extra["epsilon"] = eps
+    extra.update(scores.pop("blind"))
     scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
     scores["_images"] = (victim.images(), rec_images)
+    scores["_arrays"] = (victim.images(), victim.y, rec_images, rec.y, blind)
     return scores
 
 
@@ -164,6 +171,11 @@ def run_trial(
         truth, rec = scores.pop("_images")
         if on_images is not None:
             on_images(truth, rec)
+        arrays = scores.pop("_arrays")
+        if arrays[2] is not None:  # kept as arrays, so that `gleak rescore` recomputes metrics without the attack
+            from gleak.reconstructions import pack
+
+            row["reconstruction"] = pack(*arrays)
         if image_dir is not None and rec is not None:
             from gleak.figures import save_reconstruction
 

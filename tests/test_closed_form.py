@@ -86,3 +86,37 @@ def test_closed_form_refuses_a_conv_model_cleanly():
 def test_everything_pruned_falls_back_to_the_mean_image():
     s = execute(TrialConfig("t", "closed-form", {}, "topk", {"ratio": 1.0}, LINEAR, 0))
     assert s["verdict"] == "defended" and '"usable_rows": 0' in __import__("json").dumps(s["extra"])
+
+
+QUANTIZERS = [("quantization", {"format": "fp16"}), ("quantization", {"format": "bf16"}),
+              ("quantization", {"format": "int", "bits": 8}), ("noise", {"sigma": 1e-3})]  # fmt: skip
+
+
+def test_quantization_and_small_noise_are_not_defenses_at_batch_4():
+    """Issue 11: on the embedded images at B = 4, fp16, bf16, int8 and Gaussian noise 1e-3 do not stop the closed
+    form: it recovers (margin verdict) in at least 3 of 4 seeds each (6 of 6 when measured), and the tolerance it
+    picked differs by defense (it adapts; a fixed one gave 13-15 dB here)."""
+    case = CaseConfig(dataset="skimage", model="mlp", batch_size=4)
+    tols = {}
+    for name, params in QUANTIZERS:
+        verdicts = []
+        for seed in range(4):
+            s = execute(TrialConfig("t", "closed-form", {}, name, params, case, seed))
+            verdicts.append(s["verdict"])
+            tols.setdefault(name + str(params), set()).add(s["extra"]["tol"])
+        assert verdicts.count("recovered") >= 3, (name, params, verdicts)
+    assert len(set().union(*tols.values())) > 2
+
+
+def test_the_batch_size_is_the_count_behind_the_aggregate():
+    """Two clients' summed update (8 samples) is inverted as 8, even though the victim's own batch holds 4; without
+    'batch_size' in the threat model the attack would assume one."""
+    g = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).double()
+    x, y = torch.rand(8, 1, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 10, (8,), generator=g)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    update = Update(dict(zip([n for n, _ in model.named_parameters()], grads)), "gradient", 8)
+    k = Knowledge(input_shape=(1, 8, 8), num_classes=10, batch_size=4)
+    rec = gleak.create("attack", "closed-form").reconstruct(Observation(update, k, model), g)
+    assert rec.x.shape[0] == 8 and rec.extra["rows_used"] == 8

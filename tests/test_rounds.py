@@ -107,5 +107,8 @@ def test_secure_aggregation_shows_only_the_sum():
     assert torch.allclose(view["w"], sum(u["w"] for u in ups)) and view.num_samples == 6
     case = CaseConfig(dataset="skimage", model="mlp", batch_size=1, clients=4)
     alone = execute(TrialConfig("t", "closed-form", {}, "none", {}, case, 0))
-    summed = execute(TrialConfig("t", "closed-form", {}, "secure-aggregation", {}, case, 0))
-    assert alone["psnr"] > 100 and summed["psnr"] < 30  # the victim's own row is mixed with three others'
+    summed = execute(TrialConfig("t", "closed-form", {"rows": "largest"}, "secure-aggregation", {}, case, 0))
+    assert alone["psnr"] > 100 and summed["psnr"] < 30  # one row: the victim's own is mixed with three others'
+    # The closed form inverts the sum as the 4 samples behind it (Update.num_samples), the victim's among them.
+    demixed = execute(TrialConfig("t", "closed-form", {}, "secure-aggregation", {}, case, 0))
+    assert demixed["extra"]["rows_used"] == 4 and demixed["verdict"] == "recovered"
