@@ -228,11 +228,12 @@ def _trial(attack, dp, batch, clients=4, seed=0, ap=None):
 def test_closed_form_recovers_through_cgd_at_batch_size_one_in_most_trials():
     # Units active for the victim's sample only (in its own confined model) and for no sample of the other honest
     # participant invert to the victim's input exactly, whatever the models: CGD does not stop the closed form
-    # wherever such a unit exists. Measured: exact (MSE < 1e-8) on 12 of seeds 0-19; the others land partial.
+    # wherever such a unit exists. Measured: exact (MSE < 1e-8) on 12 of seeds 0-19 with the one-tolerance agreement
+    # rule, on 20 of 20 with the adaptive rule that inverts the honest sum as the samples behind it.
     rows = [_trial("closed-form", {}, 1, seed=s, ap={"rows": "agreement"}) for s in range(20)]
     assert all(r["status"] == "ok" for r in rows)
     exact = sum(r["mse"] < 1e-8 for r in rows)
-    assert 8 <= exact <= 19, [r["mse"] for r in rows]
+    assert exact >= 16, [r["mse"] for r in rows]
 
 
 @pytest.mark.parametrize("dp,seeds,least", [({}, range(6), 5), ({"confined": False}, range(6), 3), ({"iterations": 2}, range(3), 2)])
