@@ -140,7 +140,7 @@ class TrialConfig:
         case = self.case.identity()
         if "protocol" in case:
             case["protocol"] = identity_name("protocol", case["protocol"])
-        return {
+        out = {
             "format": TRIAL_FORMAT,
             "attack": identity_name("attack", self.attack),
             "attack_params": self.attack_params,
@@ -149,6 +149,11 @@ class TrialConfig:
             "case": case,
             "seed": self.seed,
         }
+        if self.case.model_state == "trained":
+            # A trained model's victims come from the split it never trained on (gleak.trial); before that rule they
+            # came from its training split. Another computation, so another id: stores never reuse the old rows.
+            out["victims"] = "held-out"
+        return out
 
     @property
     def trial_id(self) -> str:

@@ -220,3 +220,16 @@ def test_trained_models_are_attacked_on_images_they_never_saw():
         exact = dict(compute_mode="donot_use_mm_for_euclid_dist")
         assert torch.cdist(truth, train, **exact).min() > 0.1  # none is a training image
         assert float(torch.cdist(truth, test, **exact).min(1).values.max()) < 1e-4  # each is a test image
+
+
+def test_trained_trials_have_ids_of_their_own_since_their_victims_are_held_out():
+    # Same config, another computation (victims from the split the model never trained on): another id, so that a
+    # store never hands back a row computed under the old rule.
+    import dataclasses
+
+    from gleak.config import CaseConfig, TrialConfig
+
+    trained = TrialConfig("t", "closed-form", {}, "none", {}, CaseConfig(model_state="trained"), 0)
+    assert trained.identity()["victims"] == "held-out"
+    assert "victims" not in dataclasses.replace(trained, case=CaseConfig()).identity()
+    assert TrialConfig.from_json(trained.to_json()) == trained
