@@ -56,6 +56,16 @@ def fedsgd_update(model: nn.Module, batch: ClientBatch, defense: Defense | None 
     return Update(_gradient(model, batch.x, batch.y, defense, rng), "gradient", batch.size)
 
 
+def check_local_steps(local_steps: int | None, local_lr: float, local_batch_size: int | None) -> None:
+    """Validate FedAvg's local-training settings (ValueError naming the parameter); local_steps None: FedSGD."""
+    if local_steps is not None and local_steps < 1:
+        raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+    if not local_lr > 0:
+        raise ValueError(f"local_lr must be > 0, got {local_lr}")
+    if local_batch_size is not None and local_batch_size < 1:
+        raise ValueError(f"local_batch_size must be >= 1, got {local_batch_size}")
+
+
 def fedavg_update(
     model: nn.Module, batch: ClientBatch, lr: float, local_steps: int, local_batch_size: int | None = None,
     defense: Defense | None = None, rng: torch.Generator | None = None,

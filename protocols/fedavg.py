@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from gleak.plugin import Defense
-from gleak.protocol import Protocol, fedavg_update
+from gleak.protocol import Protocol, check_local_steps, fedavg_update
 from gleak.registry import register_protocol
 from gleak.threat import ClientBatch, Update
 
@@ -29,12 +29,7 @@ class FedAvg(Protocol):
     conformance_params = {"local_steps": 2}
 
     def __init__(self, local_steps: int = 1, local_lr: float = 0.1, local_batch_size: int | None = None):
-        if local_steps < 1:
-            raise ValueError(f"local_steps must be >= 1, got {local_steps}")
-        if not local_lr > 0:
-            raise ValueError(f"local_lr must be > 0, got {local_lr}")
-        if local_batch_size is not None and local_batch_size < 1:
-            raise ValueError(f"local_batch_size must be >= 1, got {local_batch_size}")
+        check_local_steps(local_steps, local_lr, local_batch_size)
         self.local_steps, self.local_lr, self.local_batch_size = local_steps, local_lr, local_batch_size
 
     def client_update(self, model: nn.Module, batch: ClientBatch, defense: Defense, rng: torch.Generator) -> Update:
