@@ -128,8 +128,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from gleak.report import write_figures
     from gleak.store import check_store
 
-    if not Path(args.dir).is_dir() or not check_store(args.dir):
-        raise InputError(f"{args.dir}: no results here (expected results.sqlite; run `gleak run` first)")
+    folder = Path(args.dir)
+    if not folder.is_dir() or not (check_store(folder) or (folder / "results.csv").is_file()):
+        raise InputError(f"{args.dir}: no results here (expected results.sqlite or results.csv; run `gleak run` first)")
     owned.claim(args.dir, False, check_store).save()
     figures = write_figures(args.dir)
     owned.record(args.dir, [Path(args.dir) / rel for rel, _ in figures])

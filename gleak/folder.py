@@ -264,8 +264,8 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"{folder}: no such folder")
-    if not check_store(folder):
-        raise InputError(f"{folder}: no results here (expected results.sqlite; run `gleak run` first)")
+    if not check_store(folder) and not (folder / "results.csv").is_file():  # a shipped folder rebuilds from its csv
+        raise InputError(f"{folder}: no results here (expected results.sqlite or results.csv; run `gleak run` first)")
     m = claim(folder, False, check_store)  # gleak's folder, no user file where a report goes
     m.add(REPORT_FILES)
     m.save()

@@ -832,7 +832,7 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
             f"accuracy; bars: ± one standard deviation over seeds) and the test accuracy against {key}, one line per attack.")  # fmt: skip
 
     # The privacy-utility frontier.
-    if utility is not None and "accuracy" in dr and dr["accuracy"].notna().any() and dr["psnr"].notna().any():
+    if utility is not None and "accuracy" in dr and "psnr" in dr and dr["accuracy"].notna().any() and dr["psnr"].notna().any():
         pts = pd.DataFrame({"label": [_defense_label(r["defense"], r["defense_params"], vd) for _, r in dr.iterrows()],
                             "accuracy": dr["accuracy"], "psnr": dr["psnr"], "psnr_err": dr["psnr_std"]})  # fmt: skip
         add(fg.frontier_figure(pts, fig_dir / "frontier.png", "Privacy-utility frontier: worst-case attack PSNR against test accuracy", base_acc),

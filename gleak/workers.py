@@ -16,6 +16,7 @@ dies with its parent (Linux PR_SET_PDEATHSIG), so a killed run leaves no orphan 
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -152,24 +153,46 @@ def _context():
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["gleak.trial"])
+        _ensure_fork_server()
         return ctx
     return mp.get_context("spawn")
+
+
+@contextlib.contextmanager
+def _without_main_file():
+    """Hide `__main__`'s file while a fork server or a worker starts: multiprocessing hands a new process the path of
+    the caller's script and the process imports it, which would run a user's script or notebook export
+    (`python walkthrough.py` calling gleak.run) once more inside every worker. Workers need gleak only."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is not None:
+        del main.__file__
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
+
+
+def _ensure_fork_server() -> None:
+    from multiprocessing import forkserver
+
+    with _without_main_file():
+        forkserver.ensure_running()
 
 
 def prestart() -> None:
     """Start the fork server now: it imports torch and gleak (seconds), which can overlap with what the caller does
     before the pool starts (the CLI validates the suite meanwhile). Starts no worker and touches no file."""
-    if _context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
+    _context()
 
 
 class _Worker:
     def __init__(self, ctx, env: TrialEnv):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, env), daemon=True, name="gleak-worker")
-        self.proc.start()
+        with _without_main_file():
+            self.proc.start()
         child.close()
         self.task: TrialConfig | None = None
         self.t0 = 0.0
@@ -305,7 +328,8 @@ def check_plugin_isolated(kind: str, name: str, plugin_file: str | None, timeout
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_check_main, args=(child, kind, name, plugin_file), daemon=True, name="gleak-check")
-    proc.start()
+    with _without_main_file():
+        proc.start()
     child.close()
     result: Any = None
     try:

@@ -66,7 +66,7 @@ def test_rescore_names_a_bad_metric(folder, gleak_cmd, run_env):
 def test_leaderboard_and_plot_rebuild_from_the_committed_files(folder, tmp_path, gleak_cmd, run_env):
     clone = tmp_path / "clone"
     clone.mkdir()
-    for name in ("results.csv", "suite.json"):
+    for name in ("results.csv", "suite.json", "gleak-manifest.json"):  # what a shipped folder commits
         shutil.copy(folder / name, clone / name)
     shutil.copytree(folder / "images", clone / "images")  # committed with the folder (PNG grids)
     for cmd in ("leaderboard", "plot"):
