@@ -170,10 +170,11 @@ def verdict_rule_text(rule: str) -> str:
     if rule == "seed002":
         return (f"Verdict rule 'seed002' (DLG Fig. 6 bands as used in seed 002): MSE < {RECOVERED_MSE} recovered, "
                 f"< {PARTIAL_MSE} partial, else defended; a trial missing a reconstruction is at best partial.")  # fmt: skip
-    return (f"Verdict rule 'margin': recovered needs MSE < {RECOVERED_MSE} and at least {RECOVERED_MARGIN_DB:g} dB "
-            f"over the blind guess (the data set's mean image, scored on the same batch) and a reconstruction for "
-            f"every image of the batch; partial needs MSE < {PARTIAL_MSE} and at least {PARTIAL_MARGIN_DB:g} dB over "
-            "the blind guess; else defended.")  # fmt: skip
+    return (f"Verdict rule 'margin', on the MSE that at least half of the batch's images reach (each image scored "
+            f"alone, after the optimal pairing): recovered needs it below {RECOVERED_MSE} and at least "
+            f"{RECOVERED_MARGIN_DB:g} dB under the blind guess's MSE (the data set's mean image, scored on the same "
+            f"batch), and a reconstruction for every image of the batch; partial needs it below {PARTIAL_MSE} and "
+            f"{PARTIAL_MARGIN_DB:g} dB under the blind guess; else defended.")  # fmt: skip
 
 
 # ---- LPIPS -----------------------------------------------------------------------------------------------------
@@ -306,8 +307,18 @@ def score(
     lp = lpips(t, r, lpips_weights)
     out["lpips"] = float(lp.mean()) if lp is not None else None
     out["blind"] = blind_scores(truth_images, guess)
-    out["verdict"] = verdict(out["mse"], out["blind"]["blind_mse"], rule, complete=out["matched"] == n)
+    # The MSE that at least half of the batch's images reach (the ceil(n/2)-th smallest): a batch of which half is
+    # recovered exactly (the imprint's bins) leaks, though its mean MSE is that of the images it missed.
+    out["blind"]["half_mse"] = float(m.sort().values[(n + 1) // 2 - 1])
+    out["verdict"] = verdict(verdict_mse(out["mse"], out["blind"]["half_mse"], rule), out["blind"]["blind_mse"], rule,
+                             complete=out["matched"] == n)  # fmt: skip
     return out
+
+
+def verdict_mse(mean_mse: float | None, half_mse: float | None, rule: str) -> float | None:
+    """The MSE a trial's verdict reads: under "margin" the MSE at least half of the batch's images reach (an image is
+    a person's data: half the batch recovered exactly is a leak); under "seed002" the batch mean, as seed 002."""
+    return half_mse if rule == "margin" and not _missing(half_mse) else mean_mse
 
 
 def blind_scores(truth_images: Tensor, guess: Tensor) -> dict[str, float]:

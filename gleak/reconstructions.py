@@ -22,8 +22,8 @@ from gleak.errors import InputError
 # What `rescore` can recompute, and the score() outputs each one updates.
 RESCORABLE = {
     "mse": ("mse",), "psnr": ("psnr",), "ssim": ("ssim",), "cosine": ("cosine",), "lpips": ("lpips",),
-    "label_acc": ("label_acc",), "verdict": ("verdict", "matched"),
-    "blind": ("blind_mse", "blind_psnr", "blind_ssim"), "share_psnr40": ("share_psnr40",),
+    "label_acc": ("label_acc",), "verdict": ("verdict", "matched", "half_mse"),
+    "blind": ("blind_mse", "blind_psnr", "blind_ssim", "half_mse"), "share_psnr40": ("share_psnr40",),
 }  # fmt: skip
 
 
@@ -72,7 +72,7 @@ def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[s
         extra = json.loads(extra_js) if extra_js else {}
         cols = {}
         for k in keys:
-            if k in ("blind_mse", "blind_psnr", "blind_ssim", "share_psnr40"):
+            if k in ("blind_mse", "blind_psnr", "blind_ssim", "half_mse", "share_psnr40"):
                 extra[k] = flat[k]
             else:
                 cols[k] = flat[k]

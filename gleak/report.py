@@ -18,7 +18,7 @@ import pandas as pd
 from gleak.errors import InputError
 from gleak.figures import atomic_write_bytes
 from gleak.registry import plugin_info
-from gleak.metrics import LPIPS_HOWTO, PSNR_CEILING, VERDICT_ORDER, verdict, verdict_rule_text
+from gleak.metrics import LPIPS_HOWTO, PSNR_CEILING, VERDICT_ORDER, verdict, verdict_mse, verdict_rule_text
 from gleak.store import CSV_COLUMNS, DONE, NOT_APPLICABLE, Store
 from gleak.utility import utility_config, utility_frame
 
@@ -125,7 +125,7 @@ def apply_verdicts(df: pd.DataFrame, rule: str = "margin") -> pd.DataFrame:
     """Each trial's verdict under the suite's rule (gleak.metrics.verdict), from its MSE, its blind guess's MSE
     (extra.blind_mse) and whether every image had a reconstruction; blind_* columns from extra beside it."""
     df = df.copy()
-    for k in ("blind_mse", "blind_psnr", "blind_ssim"):
+    for k in ("blind_mse", "blind_psnr", "blind_ssim", "half_mse"):
         df[k] = [_extra_value(js, k) for js in df["extra"]] if "extra" in df else None
     verdicts = []
     for _, r in df.iterrows():
@@ -134,7 +134,8 @@ def apply_verdicts(df: pd.DataFrame, rule: str = "margin") -> pd.DataFrame:
             continue
         matched, size = _num(r.get("matched")), _num(r.get("batch_size"))
         complete = matched is None or size is None or matched >= size
-        verdicts.append(verdict(float(r["mse"]), _num(r.get("blind_mse")), rule, complete))
+        m = verdict_mse(float(r["mse"]), _num(r.get("half_mse")), rule)
+        verdicts.append(verdict(m, _num(r.get("blind_mse")), rule, complete))
     df["verdict"] = verdicts
     return df
 

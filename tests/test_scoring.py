@@ -233,3 +233,20 @@ def test_trained_trials_have_ids_of_their_own_since_their_victims_are_held_out()
     assert trained.identity()["victims"] == "held-out"
     assert "victims" not in dataclasses.replace(trained, case=CaseConfig()).identity()
     assert TrialConfig.from_json(trained.to_json()) == trained
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_half_a_batch_recovered_exactly_is_a_leak_and_a_quarter_is_not(seed):
+    # The imprint's case: some images exact, the others far off. The batch's mean MSE is that of the images it
+    # missed; the verdict reads the MSE that at least half of the images reach.
+    from gleak.metrics import score
+
+    g = torch.Generator().manual_seed(seed)
+    truth = torch.rand(8, 3, 8, 8, generator=g)
+    far = 1 - truth  # every pixel far from the truth
+    blind = truth.mean(0, keepdim=True)
+    for exact, expected in ((4, "recovered"), (2, "defended")):
+        rec = torch.cat([truth[:exact], far[exact:]])
+        s = score(truth, torch.zeros(8), rec, None, blind=blind)
+        assert s["verdict"] == expected, (exact, s["mse"], s["blind"])
+        assert s["mse"] > 0.03  # the mean alone would call both defended
