@@ -162,6 +162,8 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     (median, median, mean). verdict: `median_verdict` of the trials' verdicts; recovered: their share recovered."""
     keys = CASE_KEYS + ["variant", "defense", "defense_params", "attack", "attack_params"]
     df = df.assign(variant=case_variants(df))
+    if "psnr" in df:  # rows stored before the per-image cap (an older gleak's inf for exact recoveries)
+        df = df.assign(psnr=pd.to_numeric(df["psnr"], errors="coerce").clip(upper=PSNR_CEILING))
     if "blind_mse" not in df:
         df = apply_verdicts(df)
     rows = []
@@ -290,7 +292,7 @@ def attack_ranking(agg: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.Data
         if df is not None:
             t = df[(df["attack"] == a) & (df["attack_params"] == ap)]
             base = t[(t["defense"] == "none") & (t["status"] == "ok")]
-            p = base["psnr"].dropna()
+            p = pd.to_numeric(base["psnr"], errors="coerce").dropna().clip(upper=PSNR_CEILING)  # older stores' inf
             st = spread(p.tolist())
             row.update(psnr_undefended=float(p.median()) if len(p) else None, psnr_undefended_mean=st["mean"],
                        psnr_undefended_std=st["std"], psnr_undefended_lo=st["lo"], psnr_undefended_hi=st["hi"])  # fmt: skip
