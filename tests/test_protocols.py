@@ -328,3 +328,29 @@ def test_the_leaderboard_ranks_a_protocol_and_its_defense_as_one_defense():
                        "case": [json.dumps(CaseConfig(protocol="cgd").to_dict()), json.dumps(CaseConfig().to_dict()),
                                 json.dumps(CaseConfig().to_dict())]})  # fmt: skip
     assert protocol_pairs(df)["defense"].tolist() == ["cgd+noise", "noise", "cgd"]
+
+
+def test_a_clients_forward_leaves_the_servers_and_the_observers_batchnorm_statistics_alone():
+    # A client computes on its own copy: its train-mode forward moves BatchNorm's running statistics there only.
+    # Were it the shared module, the observer's copy would hold a share of the victim batch's statistics (which
+    # GradInversion's BN prior reads) and the next client would compute at a model the server never sent.
+    from gleak.protocol import Schedule, run_rounds
+    from gleak.threat import ClientBatch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                torch.nn.LazyLinear(5))  # fmt: skip
+    model(torch.rand(2, 3, 8, 8))  # materialise the lazy layer
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    batches = [ClientBatch(torch.rand(4, 3, 8, 8, generator=g) * 5, torch.randint(0, 5, (4,), generator=g),
+                           torch.zeros(3), torch.ones(3)) for _ in range(2)]  # fmt: skip
+    protocol = gleak.create("protocol", "fedsgd")
+    defenses = [gleak.create("defense", "none") for _ in batches]
+    schedule = Schedule(lambda r: batches, lambda r: [torch.Generator().manual_seed(i) for i in range(2)],
+                        lambda r: torch.Generator().manual_seed(9))  # fmt: skip
+    _, seen = run_rounds(protocol, defenses, [model, model], 1, schedule, 0.1, step_last=False)
+    for k, v in before.items():
+        assert torch.equal(seen[0].held.state_dict()[k], v), k
+        assert torch.equal(model.state_dict()[k], v), k
