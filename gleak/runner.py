@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from gleak.config import CaseConfig, TrialConfig
 from gleak.errors import InputError
-from gleak.store import DONE, DB_NAME, LOCK_NAME, CommitThread, Store, check_store, read_meta, release_lock, take_lock
+from gleak.store import DB_NAME, DONE, LOCK_NAME, CommitThread, Store, check_store, check_unlocked, read_meta, release_lock, take_lock
 from gleak.suite import Suite
 from gleak.workers import Finished, TrialEnv, run_in_process, run_pool
 
@@ -229,6 +229,7 @@ def run_suite(
         # Read-only checks first (the folder is gleak's or empty, its store is gleak's), then the lock: a second run
         # on the folder stops there, having changed nothing. Then Ray, so that a cluster that cannot be reached stops
         # the run before the store is created.
+        check_unlocked(out)  # a run creating its files right now: say so, rather than "not a gleak folder"
         owned.claim(out, force, check_store)
         held = read_meta(out, "suite")
         if held is not None and held != suite.name and not force:

@@ -204,6 +204,26 @@ def take_lock(folder: str | Path):
     return fh
 
 
+def check_unlocked(folder: str | Path) -> None:
+    """Raise take_lock's InputError when another process holds FOLDER/.lock; reads only (the folder is not ours to
+    change yet: a run that starts while another is creating its files must say the other run is there)."""
+    path = Path(folder) / LOCK_NAME
+    try:
+        fh = open(path)
+    except OSError:
+        return
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = fh.read().strip()
+            who = f"pid {holder}" if holder else "another process"
+            raise InputError(
+                f"{folder}: another gleak run ({who}) is writing here; wait for it to finish or use another --out"
+            ) from None
+        fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def release_lock(fh) -> None:
     if fh is not None:
         fcntl.flock(fh, fcntl.LOCK_UN)

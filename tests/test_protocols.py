@@ -52,7 +52,7 @@ def test_every_shipped_suite_keeps_the_trial_ids_of_its_published_results(monkey
         ours, published = pair
         assert ours == published, f"{path.name}: {len(set(ours) - set(published))} trial ids changed"
         checked += 1
-    assert checked >= 4, (checked, stale)
+    assert checked >= 3 and checked + len(stale) >= 6, (checked, stale)
 
 
 def test_the_default_protocol_stays_out_of_the_identity_and_a_named_one_enters_it():
