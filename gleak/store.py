@@ -210,7 +210,7 @@ def check_unlocked(folder: str | Path) -> None:
     path = Path(folder) / LOCK_NAME
     try:
         fh = open(path)
-    except OSError:
+    except (OSError, ValueError):  # no lock file, or a name the folder checks reject with their own line (NUL)
         return
     with fh:
         try:
