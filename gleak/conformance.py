@@ -27,6 +27,7 @@ from gleak.errors import PluginContractError, UnsupportedCase
 from gleak.models import create_model
 from gleak.gate import attacker_knowledge, observation
 from gleak.plugin import Attack, Defense, Plugin
+from gleak.protocol import Setup
 from gleak.guards import extra_json
 from gleak.threat import KNOWLEDGE, ClientBatch, Reconstruction, Update
 from gleak.trial import DTYPES, client_update, draw_batches, load_case_data
@@ -91,7 +92,7 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
     victim = draw_batches(ds, cfg, dtype)[0]
     attack = attack_factory()
     public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
-    knowledge = attacker_knowledge(attack, ds, victim, public)
+    knowledge = attacker_knowledge(attack, ds, victim, public, Setup("fedsgd", {}, "none", {}))
     model = create_model(case.model, ds.input_shape, ds.num_classes, seed=derive_seed(seed, "model"), dtype=dtype)
     before_model = copy.deepcopy(model.state_dict())
     served = attack.prepare(model, knowledge, generator(seed, "attack-prepare"))

@@ -2,7 +2,7 @@
 
 An attack's Observation is made here, and only here, from what the protocol put on the wire (its view of a round and
 the model the observer holds) and what the attack's `needs` grant (gleak.threat.KNOWLEDGE). Every field is gated:
-the knowledge, the model (a copy; weights only with "parameters"), the update's `num_samples` (the count behind the
+the knowledge (the defense's public description only with "knows_defense"), the model (a copy; weights only with "parameters"), the update's `num_samples` (the count behind the
 update: only with "batch_size", else None) and each of the update's `meta` fields (gleak.threat.WIRE_META names the
 knowledge each needs; a field it does not list never reaches an attack). Earlier rounds pass the same gate.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,12 +18,23 @@ from torch import nn
 from gleak.config import TrialConfig, derive_seed
 from gleak.data import ImageDataset
 from gleak.plugin import Attack
-from gleak.threat import WIRE_META, ClientBatch, Knowledge, Observation, Update
+from gleak.threat import WIRE_META, ClientBatch, DefenseDescription, Knowledge, Observation, Update
 
 
-def attacker_knowledge(attack: Attack, ds: ImageDataset, victim: ClientBatch, public: ImageDataset | None) -> Knowledge:
-    """Exactly what the attack's `needs` grant it, and nothing more."""
+def attacker_knowledge(
+    attack: Attack, ds: ImageDataset, victim: ClientBatch, public: ImageDataset | None, setup: Any = None,
+) -> Knowledge:  # fmt: skip
+    """Exactly what the attack's `needs` grant it, and nothing more. `setup` (gleak.protocol.Setup): the trial's
+    protocol and client defense, described to attacks that need "knows_defense" (names and parameters only)."""
     needs = attack.needs
+    described = None
+    if "knows_defense" in needs and setup is not None:
+        from gleak.registry import resolve_name  # the registry imports plugin modules, which import this one
+
+        described = DefenseDescription(
+            resolve_name("defense", setup.defense), copy.deepcopy(dict(setup.defense_params)), resolve_name("protocol", setup.protocol),
+            copy.deepcopy(dict(setup.protocol_params)),
+        )  # fmt: skip
     return Knowledge(
         input_shape=ds.input_shape,
         num_classes=ds.num_classes,
@@ -32,6 +44,7 @@ def attacker_knowledge(attack: Attack, ds: ImageDataset, victim: ClientBatch, pu
         labels=victim.y.clone() if "labels" in needs else None,
         public_x=public.normalized().to(victim.x.dtype) if public is not None else None,
         public_y=public.y if public is not None else None,
+        defense=described,
     )
 
 

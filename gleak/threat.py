@@ -21,6 +21,8 @@ KNOWLEDGE = {
     "labels": "the true labels of the batch",
     "data_stats": "the per-channel mean and std used to normalise inputs",
     "public_data": "samples from the same distribution that are not the client's (another split)",
+    # Kerckhoffs: the attacker knows the algorithm and its public parameters, never its randomness or client state.
+    "knows_defense": "the defense's and the protocol's names and parameters (not their random state or residuals)",
 }
 
 # Fields a protocol may put in an update's `meta`, and the knowledge an attack needs to read each ("": a public
@@ -129,6 +131,23 @@ class Knowledge:
     labels: Tensor | None = None
     public_x: Tensor | None = None  # normalised public samples
     public_y: Tensor | None = None
+    defense: "DefenseDescription | None" = None  # with "knows_defense" only
+
+
+@dataclass(frozen=True)
+class DefenseDescription:
+    """The public description of what protects the update (granted by "knows_defense"): the client defense and the
+    round protocol, each by its canonical name and its full parameters (defaults filled). Nothing else: no random
+    state, no error-feedback residual, no noise drawn."""
+
+    defense: str
+    defense_params: dict[str, Any]
+    protocol: str = "fedsgd"
+    protocol_params: dict[str, Any] = field(default_factory=dict)
+
+    def param(self, name: str, default: Any = None) -> Any:
+        """A parameter of the client defense (or `default` where it has none)."""
+        return self.defense_params.get(name, default)
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
         raise UnsupportedCase(f"active attack {cfg.attack!r} through protocol {setup.protocol!r}: its clients never "
                               "compute at the model the server prepares")  # fmt: skip
     public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in attack.needs else None
-    knowledge = attacker_knowledge(attack, ds, victim, public)
+    knowledge = attacker_knowledge(attack, ds, victim, public, setup)
 
     model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
     model = defenses[0].wrap_model(model, generator(cfg.seed, "defense-model"))  # PRECODE's bottleneck

@@ -180,6 +180,29 @@ def test_an_attack_not_granted_the_batch_size_cannot_read_it_anywhere(protocol):
         _Peek.needs = frozenset({"architecture", "parameters"})
 
 
+def test_the_defense_is_described_only_to_an_attack_that_knows_it():
+    if "test-peek" not in gleak.list_plugins("attack"):
+        registry.register_attack("test-peek")(_Peek)
+    case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=1)
+
+    def described(needs, defense="topk", params=None):
+        _Peek.got.clear()
+        _Peek.needs = needs
+        params = registry.check_params("defense", defense, {"ratio": 0.3} if params is None else params)
+        execute(TrialConfig("t", "test-peek", {}, defense, params, case, 0))
+        return _Peek.got[-1].knowledge.defense
+
+    try:
+        assert described(frozenset({"architecture", "parameters"})) is None
+        told = described(frozenset({"architecture", "parameters", "knows_defense"}))
+        assert told.defense == "topk" and told.param("ratio") == 0.3 and told.protocol == "fedsgd"
+        # DGP's error-feedback residual is client state, never part of the description
+        dgp = described(frozenset({"knows_defense"}), "dgp", {})
+        assert dgp.defense == "dgp" and all(not isinstance(v, torch.Tensor) for v in dgp.defense_params.values())
+    finally:
+        _Peek.needs = frozenset({"architecture", "parameters"})
+
+
 # ---- the round loop, CGD ----------------------------------------------------------------------------------------
 def _image_ds(n, seed):
     proto = torch.rand(4, 1, 6, 6, generator=torch.Generator().manual_seed(0))
