@@ -221,7 +221,7 @@ def run_rounds(
     """The round loop. Each round r: client i computes `protocol.client_update` at models[i] on its batch, sends
     `defenses[i].transform` of it, the observer sees `protocol.observe` of what was sent (when `observe`), and the
     server steps the models (`protocol.server_step`; after the last round only with `step_last`).
-    Returns the clients' models after the loop and what each round put on the wire. `on_round(r, models)` is
+    Returns the clients' models after the loop and what each round put on the wire (no rounds without `observe`). `on_round(r, models)` is
     called after each round's step (utility curves, progress)."""
     seen = []
     for r in range(rounds):
@@ -233,7 +233,8 @@ def run_rounds(
         if observe:
             view = protocol.observe(sent, wire)
             held = protocol.observer_model(models[0], models)
-        seen.append(Round(list(models), updates, sent, view, held))
+        if observe:  # a utility run observes nothing: keeping its rounds would hold every model and update it made
+            seen.append(Round(list(models), updates, sent, view, held))
         if r < rounds - 1 or step_last:
             models = protocol.server_step(models, sent, lr, wire)
         if on_round is not None:

@@ -253,6 +253,19 @@ def _work(cfg_json: str, defense: str, params: dict[str, Any], protocol: Protoco
     return run_utility(UtilityConfig(**json.loads(cfg_json)), defense, params, protocol=protocol)
 
 
+def _result_or_failed(fut: Any) -> dict[str, Any]:
+    """A finished utility run's row; a failed row where its worker process died (run_utility itself never raises):
+    the runs stored so far stay, the rest of the pool's runs are failed rows that the next run retries."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        return fut.result()
+    except BrokenProcessPool:
+        why = ("WorkerDied: a utility worker process ended abruptly (out of memory, a signal or os._exit) while this "
+               "run was running or waiting; rerun the suite to retry it")  # fmt: skip
+        return {"status": "failed", "error": why, "traceback": None, "accuracy": None, "epsilon": None}
+
+
 class _threads:
     """Run with n torch threads, then restore: the small models of utility runs lose more to threads fighting over
     shared cores than they gain (measured: 10x slower at 2 threads on a loaded 2-core machine)."""
@@ -299,7 +312,7 @@ def run_utilities(
                 futs = {pool.submit(_work, _json(cfg.to_dict()), d, p, proto): (uid, d, p, proto) for uid, d, p, proto in todo}
                 for fut in as_completed(futs):
                     uid, d, p, proto = futs[fut]
-                    _put(store, uid, cfg, label(d, proto), p, fut.result())
+                    _put(store, uid, cfg, label(d, proto), p, _result_or_failed(fut))
                     bar.update(cfg.rounds)
     finally:
         bar.close()

@@ -68,6 +68,49 @@ def test_the_defense_transforms_every_clients_update_every_round():
     assert Counting.calls == {"transform": 2 * 3 * 4, "reset": 2 * 3}
 
 
+@gleak.register_defense("test-alive")
+class Alive(Defense):
+    """Test defense: how many updates of rounds before the previous one are still alive when it transforms one."""
+
+    refs: list = []
+    most_alive = 0
+
+    def transform(self, update, rng):
+        import weakref
+
+        older = Alive.refs[: max(0, len(Alive.refs) - 2)]  # this client's and the other's of the previous round
+        Alive.most_alive = max(Alive.most_alive, sum(r() is not None for r in older))
+        Alive.refs.append(weakref.ref(update))
+        return update
+
+
+def test_a_utility_run_lets_each_rounds_updates_go():
+    # A 1,000-round run that kept every round's models and updates was killed for memory (12.6 GB): the loop keeps
+    # rounds only when it observes them.
+    Alive.refs.clear()
+    Alive.most_alive = 0
+    cfg = dataclasses.replace(TINY, rounds=8)
+    train, test = load_utility_data(cfg)
+    protocol = gleak.create("protocol", "fedsgd")
+    federated_training(cfg, protocol, ("test-alive", {}), train, test)
+    assert len(Alive.refs) == 2 * 8 and Alive.most_alive <= 2  # at most one more round's, never all of them
+
+
+def test_a_utility_worker_that_dies_is_a_failed_row_and_the_run_goes_on():
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from gleak.utility import _result_or_failed
+
+    fut = Future()
+    fut.set_exception(BrokenProcessPool("gone"))
+    row = _result_or_failed(fut)
+    assert row["status"] == "failed" and row["error"].startswith("WorkerDied")
+    ok = Future()
+    ok.set_result({"status": "ok", "accuracy": 0.5})
+    assert _result_or_failed(ok)["accuracy"] == 0.5
+
+
 def test_a_run_is_a_function_of_config_and_seed():
     a, b = run_utility(TINY, "noise", {"sigma": 0.1}), run_utility(TINY, "noise", {"sigma": 0.1})
     assert a["status"] == "ok" and a["accuracy"] == b["accuracy"] and a["extra"] == b["extra"]
