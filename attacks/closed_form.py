@@ -20,6 +20,25 @@ mixture of the batch. Two ways to pick B reconstructions from the rows:
   this was a fixed 1e-3 on unprojected rows, each group represented by its largest-|db| row).
 The batch size is the count of samples behind the observed update (Update.num_samples: summed over clients by
 aggregation) where the threat model grants it ("batch_size"), not the victim's own batch size.
+
+Defense-aware variants (`defense_aware = True`, issue 13; the attacker knows the defense's name and parameters,
+Kerckhoffs, never its random draws), at batch size 1 (one input behind the update), each our own use of the rank-one
+structure dW = db x^T that Phong et al. 2017 and seed 002 invert one row at a time:
+- noise (DLG's absolute noise, DP-SGD's Gaussian): every row is a noisy view of the same x, so all rows are pooled
+  by least squares weighted by their bias gradients, x = sum_i db_i dW_i / (sum_i db_i^2 - n v), where v is the
+  per-entry noise variance the description implies (sigma^2, 2 b^2 for Laplace, (z C)^2 for DP-SGD at batch 1) and
+  n the rows pooled: the subtraction removes the noise's own share of sum db_i^2 (the errors-in-variables
+  correction of a regression whose regressor, db, is itself noisy; Fuller 1987, "Measurement Error Models", ch. 1),
+  without which x would shrink towards the mean image. The noise on x falls as one over the square root of the
+  units the input activates, so a wider first layer leaks more (measured in benchmarks/adaptive_closed_form.py).
+- sparsification (Top-k, DGP: a zero on the wire is a pruned entry, as a non-zero is an exact one): each pixel is
+  read from the rows in which it survived (pooled as above over those rows), and a row whose bias entry was pruned
+  gets its db from the ratios to the pixels already known (dW_ij / x_j, pooled by least squares), which then lets
+  it contribute its own surviving pixels; repeated until no new pixel or row is gained. A pixel pruned in every row
+  is left at 0 (the data mean in normalised input). This is rank-one matrix completion with the bias entries as
+  anchors of the scale.
+Any other defense (or a batch above 1) falls back to the plain closed form exactly, and says so in
+extra['adaptive'] = 0 (1 where a variant ran).
 """
 from __future__ import annotations
 
@@ -49,6 +68,9 @@ class ClosedForm(Attack):
         "agreement": group rows whose inversions agree (relative distance below `tol`), largest groups first, then
         the remaining rows by |db|, up to the batch size.
     tol: relative distance under which two row inversions count as the same sample (agreement only).
+    defense_aware: use the defense's public description (needs "knows_defense"): against noise and against Top-k /
+        DGP the variants of the module docstring (batch size 1), otherwise exactly the plain closed form. Default
+        False (and then left out of the stored parameters, so that earlier trial ids stay valid).
     Needs a model whose first trainable layer is nn.Linear with bias (an MLP on flattened images); other models
     raise UnsupportedCase. Where no row has a non-zero bias gradient (for example everything pruned) the attacker
     falls back to the mean image and says so in extra['usable_rows'] = 0.
@@ -56,11 +78,24 @@ class ClosedForm(Attack):
 
     needs = frozenset({"architecture", "batch_size"})
 
-    def __init__(self, rows: Literal["auto", "largest", "per-class", "agreement"] = "auto", tol: float | None = None):
+    def __init__(self, rows: Literal["auto", "largest", "per-class", "agreement"] = "auto", tol: float | None = None,
+                 defense_aware: bool = False):  # fmt: skip
         check_choice("rows", rows, ("auto", "largest", "per-class", "agreement"))
         if tol is not None and not tol > 0:
             raise ValueError(f"tol must be > 0, got {tol}")
-        self.rows, self.tol = rows, tol
+        if not isinstance(defense_aware, bool):
+            raise ValueError(f"defense_aware must be true or false, got {defense_aware!r}")
+        self.rows, self.tol, self.defense_aware = rows, tol, defense_aware
+        if defense_aware:
+            self.needs = self.needs | {"knows_defense"}
+
+    @classmethod
+    def identity_params(cls, params: dict) -> dict:
+        """The stored parameters: defense_aware (added with issue 13) only where True, so earlier ids stay valid."""
+        out = dict(params)
+        if not out.get("defense_aware", False):
+            out.pop("defense_aware", None)
+        return out
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
         model, k = observation.model, observation.knowledge
@@ -84,6 +119,14 @@ class ClosedForm(Attack):
             is_classifier = dw.shape[0] == k.num_classes and name == _last_linear_name(model)
             mode = "largest" if batch == 1 else ("per-class" if is_classifier else "agreement")
         extra: dict = {"usable_rows": int(len(usable))}
+        if self.defense_aware:
+            extra["adaptive"] = 0
+            variant = _aware_variant(k.defense) if batch == 1 else None
+            if variant is not None:
+                x = variant(dw, db, k.defense)
+                if x is not None:
+                    extra.update(adaptive=1, pixels_read=float((x != 0).double().mean()))
+                    return Reconstruction(x=x.to(dw.dtype).reshape(1, *k.input_shape), extra=extra)
         if len(usable) == 0:
             x = torch.zeros((1, *k.input_shape), dtype=dw.dtype)
             return Reconstruction(x=x, extra=extra)
@@ -134,6 +177,75 @@ class ClosedForm(Attack):
         return [g for g in groups[:want]], float(tol), dw64, db64
 
 
+def noise_variance(described) -> float | None:
+    """The per-entry variance of the noise on a batch-1 update that the defense's public description implies, or
+    None where it names no additive noise (noise: sigma^2, Laplace 2 b^2; DP-SGD: (z C)^2, z from its parameters
+    as the defense derives it)."""
+    if described is None or described.defense != "noise":
+        return None
+    from gleak.registry import create
+
+    defense = create("defense", "noise", **described.defense_params)
+    if defense.mode == "dp":
+        return float((defense.z * defense.clip) ** 2)
+    return float(defense.scale**2 * (2.0 if defense.distribution == "laplace" else 1.0))
+
+
+def pooled_under_noise(dw: torch.Tensor, db: torch.Tensor, var: float) -> torch.Tensor | None:
+    """x from every row of a noisy rank-one dW = db x^T: sum_i db_i dW_i / (sum_i db_i^2 - n var) (least squares
+    weighted by the bias gradients, with the noise's share of the denominator removed). None where the bias
+    gradients hold no more energy than the noise alone would (nothing to pool)."""
+    dw64, db64 = dw.double(), db.double()
+    energy = float((db64**2).sum())
+    denom = energy - len(db64) * var
+    if not denom > 0:
+        return None
+    return (db64 @ dw64) / denom
+
+
+def completed_under_pruning(dw: torch.Tensor, db: torch.Tensor) -> torch.Tensor | None:
+    """x from a pruned rank-one dW = db x^T whose zeros are pruned entries: each pixel pooled over the rows where it
+    survived, sum_i db_i dW_ij / sum_i db_i^2 (exact on exact entries), and each row whose db was pruned given
+    db_i = sum_j x_j dW_ij / sum_j x_j^2 over its surviving pixels already read; repeated while it gains rows or
+    pixels. None where no bias entry survived (nothing fixes the scale)."""
+    dw64 = dw.double()
+    mask = (dw64 != 0).double()
+    c = db.double().clone()
+    anchored = c != 0
+    if not bool(anchored.any()):
+        return None
+    rows = anchored.clone()
+    x = torch.zeros(dw64.shape[1], dtype=torch.float64)
+    seen = torch.zeros(dw64.shape[1], dtype=torch.bool)
+    for _ in range(MAX_COMPLETION_PASSES):
+        cr = torch.where(rows, c, torch.zeros_like(c))
+        den = (cr**2) @ mask
+        seen_now = den > 0
+        x = torch.where(seen_now, (cr @ dw64) / den.clamp_min(1e-300), torch.zeros_like(x))
+        overlap = mask * seen_now.double()
+        x2 = overlap @ (x**2)
+        fill = (~anchored) & (x2 > 0)
+        c = torch.where(fill, (dw64 * overlap) @ x / x2.clamp_min(1e-300), c)
+        rows_now = anchored | fill
+        if bool((rows_now == rows).all()) and bool((seen_now == seen).all()):
+            break
+        rows, seen = rows_now, seen_now
+    return x
+
+
+def _aware_variant(described):
+    """The defense-aware estimator for the described defense (batch size 1), or None (then: the plain closed form)."""
+    if described is None:
+        return None
+    if described.defense == "noise":
+        var = noise_variance(described)
+        return lambda dw, db, _: pooled_under_noise(dw, db, var)
+    if described.defense in ("topk", "dgp"):
+        return lambda dw, db, _: completed_under_pruning(dw, db)
+    return None
+
+
+MAX_COMPLETION_PASSES = 20
 COST_SLACK = 0.01
 # Tolerances tried by the adaptive agreement, smallest first: 1e-6 to 0.3, four a decade.
 TOL_LADDER = tuple(float(10 ** (e / 4)) for e in range(-24, -1))
