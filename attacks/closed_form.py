@@ -29,7 +29,9 @@ structure dW = db x^T that Phong et al. 2017 and seed 002 invert one row at a ti
   per-entry noise variance the description implies (sigma^2, 2 b^2 for Laplace, (z C)^2 for DP-SGD at batch 1) and
   n the rows pooled: the subtraction removes the noise's own share of sum db_i^2 (the errors-in-variables
   correction of a regression whose regressor, db, is itself noisy; Fuller 1987, "Measurement Error Models", ch. 1),
-  without which x would shrink towards the mean image. The noise on x falls as one over the square root of the
+  without which x would shrink towards the mean image; then the estimate is shrunk by the positive-part James-Stein
+  factor 1 - (noise energy left on x) / ||x||^2 (James & Stein 1961), so that where the pooled rows are mostly noise
+  the answer tends to the data mean rather than to amplified noise. The noise on x falls as one over the square root of the
   units the input activates, so a wider first layer leaks more (measured in benchmarks/adaptive_closed_form.py).
 - sparsification (Top-k, DGP: a zero on the wire is a pruned entry, as a non-zero is an exact one): each pixel is
   read from the rows in which it survived (pooled as above over those rows), and a row whose bias entry was pruned
@@ -193,14 +195,20 @@ def noise_variance(described) -> float | None:
 
 def pooled_under_noise(dw: torch.Tensor, db: torch.Tensor, var: float) -> torch.Tensor | None:
     """x from every row of a noisy rank-one dW = db x^T: sum_i db_i dW_i / (sum_i db_i^2 - n var) (least squares
-    weighted by the bias gradients, with the noise's share of the denominator removed). None where the bias
-    gradients hold no more energy than the noise alone would (nothing to pool)."""
+    weighted by the bias gradients, with the noise's share of the denominator removed), shrunk towards the data mean
+    by the share of its energy that is noise. None where the bias gradients hold no more energy than the noise
+    alone would (nothing to pool)."""
     dw64, db64 = dw.double(), db.double()
     energy = float((db64**2).sum())
     denom = energy - len(db64) * var
     if not denom > 0:
         return None
-    return (db64 @ dw64) / denom
+    x = (db64 @ dw64) / denom
+    # The pooled noise left on x: variance var * energy / denom^2 per pixel. Where it rivals the image's own energy
+    # the unbiased estimate is worse than the mean image, so shrink towards 0 (the data mean) by the positive-part
+    # James-Stein factor (James & Stein 1961): 1 at high signal-to-noise, 0 where x is all noise.
+    noise = x.numel() * var * energy / denom**2
+    return x * max(0.0, 1.0 - noise / max(float((x**2).sum()), 1e-300))
 
 
 def completed_under_pruning(dw: torch.Tensor, db: torch.Tensor) -> torch.Tensor | None:

@@ -12,8 +12,13 @@ from __future__ import annotations
 import statistics
 import time
 
-from gleak.config import CaseConfig, TrialConfig
-from gleak.trial import execute
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gleak.config import CaseConfig, TrialConfig  # noqa: E402
+from gleak.trial import execute  # noqa: E402
 
 SIGMAS = (1e-2, 3e-2, 1e-1)
 WIDTHS = (64, 256, 1024, 4096)

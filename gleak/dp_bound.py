@@ -26,10 +26,10 @@ protects each example of a batch, and the leaderboard's batch-level "recovered" 
 >>> reconstruction_bound(10.0, 1e-5, 0.005)
 1.0
 >>> import torch
->>> imgs = torch.stack([torch.full((1, 2, 2), v) for v in (0.0, 0.5, 1.0, 0.52)])
->>> baseline_kappa(imgs)  # 0.5 and 0.52 are within reach of one guess: 2 of 4
+>>> imgs = torch.stack([torch.full((1, 2, 2), v) for v in (0.0, 0.16, 1.0, 0.84)])
+>>> baseline_kappa(imgs)  # a guess near 0.08 may recover 0.0 and 0.16 both: at most 2 of 4
 0.5
->>> attained_kappa(imgs)  # guessing one of the images recovers only itself here
+>>> attained_kappa(imgs)  # guessing one of the images themselves recovers only that one
 0.25
 """
 from __future__ import annotations
