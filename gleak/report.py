@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gleak.claims import folder_claims, with_claims
 from gleak.errors import InputError
 from gleak.figures import atomic_write_bytes
 from gleak.registry import plugin_info
@@ -871,7 +872,8 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
 
     ucfg = data["utility_cfg"]
     meta = {"suite": suite, "description": description, "verdict": data["rule"],
-            "utility_config": dataclasses.asdict(ucfg) if ucfg is not None else None}  # fmt: skip
+            "utility_config": dataclasses.asdict(ucfg) if ucfg is not None else None,
+            "claims": folder_claims(folder)}  # fmt: skip
     _write_text(folder / META_JSON, json.dumps(meta, indent=1, sort_keys=True) + "\n")  # what a clone rebuilds from
     paths[META_JSON] = folder / META_JSON
     if utility is not None:
@@ -889,6 +891,7 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
     figures = write_figures(folder, data)
     doc = leaderboard_document(suite, description, df, agg, dr, ar, utility, leaderboard_notes(df), data["utility_cfg"],
                                figures, data["rule"])  # fmt: skip
+    doc = with_claims(doc, folder, df, agg)  # the suite's published claims and the DP bound (gleak.claims)
     _write_text(folder / "leaderboard.md", render_markdown(doc))
     _write_text(folder / "leaderboard.html", render_html(doc, folder))
     _write_text(folder / "leaderboard.csv", dr.to_csv(index=False))

@@ -283,6 +283,7 @@ def run_suite(
         store.set_meta("suite", suite.name)
         store.set_meta("description", suite.description)
         store.set_meta("verdict", suite.verdict)  # the leaderboard's verdict rule
+        store.set_meta("claims", suite.claims)  # the [[claim]] tables its leaderboard judges (gleak.claims)
         store.set_membership(suite.trials)
         from gleak.utility import run_suite_utility
 

@@ -7,6 +7,9 @@
     [[attack]] / [[defense]]     name plus parameters; a list value expands the grid
     [[grid]]                     optional sub-grids: each may override seeds, case, attack and defense
     [utility]                    optional: keys of gleak.config.UtilityConfig (accuracy under each defense)
+    [[claim]]                    optional: a published claim the leaderboard checks (gleak.claims): source, claim,
+                                 defense, defense_params (a partial match), attacks, case (model, batch_size,
+                                 dataset: a partial match), expect ("defended" or "leaks")
 
 Every error is one line that names the file, the table and the key.
 """
@@ -29,7 +32,7 @@ from gleak.config import (
 from gleak.errors import InputError, UnknownPluginError
 
 SUITE_KEYS = {"name", "seeds", "description", "save_images", "verdict"}
-TOP_TABLES = {"suite", "case", "attack", "defense", "grid", "utility"}
+TOP_TABLES = {"suite", "case", "attack", "defense", "grid", "utility", "claim"}
 GRID_KEYS = {"name", "seeds", "case", "attack", "defense"}
 MAX_SEED = 2**63
 MAX_SEED_COUNT = 100_000
@@ -61,6 +64,7 @@ class Suite:
     extra_tables: dict[str, Any] = field(default_factory=dict)
     utility: UtilityConfig | None = None  # the [utility] table, validated
     verdict: str = "margin"  # the verdict rule of its leaderboard (gleak.metrics.VERDICT_RULES)
+    claims: list[dict[str, Any]] = field(default_factory=list)  # the [[claim]] tables, validated (gleak.claims)
 
 
 def _close(key: str, known: typing.Iterable[str]) -> str:
@@ -384,4 +388,70 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
         unique.setdefault(t.trial_id, t)  # the same trial asked for twice runs once
     extras = {k: doc[k] for k in extra_tables if k in doc}
     utility = _utility(doc["utility"], where) if "utility" in doc and "utility" not in extra_tables else None
-    return Suite(name, path, list(unique.values()), description, save_images, extras, utility, verdict)
+    claims = _claims(doc["claim"], where) if "claim" in doc and "claim" not in extra_tables else []
+    return Suite(name, path, list(unique.values()), description, save_images, extras, utility, verdict, claims)
+
+
+CLAIM_KEYS = {"source", "claim", "defense", "defense_params", "attacks", "case", "expect"}
+CLAIM_CASE_KEYS = ("dataset", "model", "batch_size")
+
+
+def _claims(raw: Any, where: _Where) -> list[dict[str, Any]]:
+    """The [[claim]] tables: each a published claim about one defense against named attacks (gleak.claims),
+    validated key by key; the defense and attack names resolved to their current names."""
+    from gleak.claims import EXPECT
+
+    if isinstance(raw, dict):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise where.error("claim", None, "must be an array of tables ([[claim]])")
+    out = []
+    for i, c in enumerate(raw, 1):
+        t = f"claim #{i}"
+        if not isinstance(c, dict):
+            raise where.error(t, None, f"must be a table, got {c!r}")
+        for k in c:
+            if k not in CLAIM_KEYS:
+                raise where.error(t, k, f"unknown key{_close(k, CLAIM_KEYS)} (keys: {', '.join(sorted(CLAIM_KEYS))})")
+        for k in ("source", "claim", "defense", "attacks", "expect"):
+            if k not in c:
+                raise where.error(t, k, "missing")
+        for k in ("source", "claim", "defense"):
+            if not isinstance(c[k], str) or not c[k]:
+                raise where.error(t, k, f"must be a non-empty string, got {c[k]!r}")
+        if c["expect"] not in EXPECT:
+            raise where.error(t, "expect", f"must be one of {', '.join(map(repr, EXPECT))}, got {c['expect']!r}")
+        try:
+            defense = registry.resolve_name("defense", c["defense"])
+            info = registry.plugin_info("defense", defense)
+        except UnknownPluginError as exc:
+            raise where.error(t, "defense", str(exc)) from None
+        params = c.get("defense_params", {})
+        if not isinstance(params, dict):
+            raise where.error(t, "defense_params", f"must be a table, got {params!r}")
+        for k in params:
+            if k not in info.params:
+                raise where.error(t, f"defense_params.{k}", f"defense {defense!r} has no parameter {k!r}{_close(k, info.params)}")
+        attacks = c["attacks"]
+        if not isinstance(attacks, list) or not attacks or not all(isinstance(a, str) for a in attacks):
+            raise where.error(t, "attacks", f"must be a non-empty list of attack names, got {attacks!r}")
+        names = []
+        for a in attacks:
+            try:
+                names.append(registry.resolve_name("attack", a))
+                registry.plugin_info("attack", names[-1])
+            except UnknownPluginError as exc:
+                raise where.error(t, "attacks", str(exc)) from None
+        case = c.get("case", {})
+        if not isinstance(case, dict):
+            raise where.error(t, "case", f"must be a table, got {case!r}")
+        for k, v in case.items():
+            if k not in CLAIM_CASE_KEYS:
+                raise where.error(t, f"case.{k}", f"a claim matches cases by {', '.join(CLAIM_CASE_KEYS)} only")
+            if k == "batch_size" and (not isinstance(v, int) or isinstance(v, bool)):
+                raise where.error(t, "case.batch_size", f"must be an integer, got {v!r}")
+            if k != "batch_size" and not isinstance(v, str):
+                raise where.error(t, f"case.{k}", f"must be a string, got {v!r}")
+        out.append({"source": c["source"], "claim": c["claim"], "defense": defense, "defense_params": dict(params),
+                    "attacks": names, "case": dict(case), "expect": c["expect"]})  # fmt: skip
+    return out
