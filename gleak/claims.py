@@ -47,11 +47,14 @@ def _strongest(g: pd.DataFrame) -> Any:
 def judge(claim: dict[str, Any], agg: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per defense configuration the claim matches: the strongest non-adaptive and adaptive attack results
     (attack, median PSNR, share of trials recovered, verdict) and the claim's verdict ('holds' / 'falls' /
-    'not run') with its one-line reason."""
-    g = agg[(agg["defense"] == claim["defense"]) & agg["attack"].isin(claim["attacks"])]
-    g = g[[_matches(js, claim.get("defense_params", {})) for js in g["defense_params"]]]
+    'inconclusive' where the claim's attacks leak nothing even against no defense in the matching cases, 'not
+    run') with its one-line reason."""
+    g = agg[agg["attack"].isin(claim["attacks"])]
     for k, v in claim.get("case", {}).items():
         g = g[g[k] == v]
+    baseline = _strongest(g[g["defense"] == "none"])
+    g = g[(g["defense"] == claim["defense"])]
+    g = g[[_matches(js, claim.get("defense_params", {})) for js in g["defense_params"]]]
     if not len(g):
         return [{"claim": claim, "defense_params": json.dumps(claim.get("defense_params", {})), "plain": None,
                  "adaptive": None, "verdict": "not run", "why": "no trial of this suite matches the claim"}]  # fmt: skip
@@ -59,8 +62,12 @@ def judge(claim: dict[str, Any], agg: pd.DataFrame) -> list[dict[str, Any]]:
     for dp, h in g.groupby("defense_params", sort=False):
         aware = h["attack_params"].map(_is_aware)
         plain, adaptive = _strongest(h[~aware]), _strongest(h[aware])
-        rows.append({"claim": claim, "defense_params": dp, "plain": plain, "adaptive": adaptive,
-                     **_verdict(claim["expect"], plain, adaptive)})  # fmt: skip
+        said = _verdict(claim["expect"], plain, adaptive)
+        if baseline is not None and baseline["verdict"] not in LEAKING and claim["defense"] != "none":
+            # An attack that leaks nothing even undefended says nothing about a defense (in either direction).
+            said = {"verdict": "inconclusive", "why": f"{baseline['attack']} does not leak even without a defense "
+                    f"(undefended: {baseline['verdict']} at {baseline['psnr']:.1f} dB)"}  # fmt: skip
+        rows.append({"claim": claim, "defense_params": dp, "plain": plain, "adaptive": adaptive, **said})
     return rows
 
 
@@ -101,19 +108,22 @@ def claim_blocks(claims: list[dict[str, Any]], agg: pd.DataFrame) -> list[tuple]
 
     if not claims:
         return []
-    rows, held, fell = [], 0, 0
+    rows, held, fell, unsure = [], 0, 0, 0
     for claim in claims:
         for r in judge(claim, agg):
             held += r["verdict"] == "holds"
             fell += r["verdict"] == "falls"
+            unsure += r["verdict"] == "inconclusive"
             rows.append([claim["source"], claim["claim"], claim["defense"], _params_text(r["defense_params"], "defense", claim["defense"]),
                          ", ".join(claim["attacks"]), claim["expect"], *_cell(r["plain"]), *_cell(r["adaptive"]),
                          f"{r['verdict']}: {r['why']}"])  # fmt: skip
     header = ["source", "claim", "defense", "params", "attacks", "expects", "attack (ignores the defense)", "PSNR",
               "recovered", "verdict", "attack (knows the defense)", "PSNR", "recovered", "verdict", "claim verdict"]  # fmt: skip
-    intro = (f"Each claim from its source, judged on this suite's own trials: {held} hold, {fell} fall. 'expects "
-             "defended' holds where no matching attack's verdict is partial or recovered; 'expects leaks' holds "
-             "where the strongest matching attack's is. Each side: the matching attack with the highest median PSNR "
+    intro = (f"Each claim from its source, judged on this suite's own trials: {held} hold, {fell} fall, {unsure} "
+             "inconclusive. 'expects defended' holds where no matching attack's verdict is partial or recovered; "
+             "'expects leaks' holds where the strongest matching attack's is; inconclusive where the claim's attacks "
+             "leak nothing even without a defense in the matching cases (an attack must work before a defense is "
+             "credited or blamed). Each side: the matching attack with the highest median PSNR "
              "over the matching cases; the attack that knows the defense is the same attack with defense_aware = "
              "true (threat model 'knows defense': the defense's name and parameters, never its randomness).")  # fmt: skip
     return [("h2", "Published claims"), ("p", intro), ("table", header, rows)]

@@ -95,6 +95,12 @@ def test_a_claim_falls_to_the_adaptive_attack_and_holds_without_it():
     assert r["verdict"] == "not run"
     two = pd.concat([agg, pd.DataFrame([_row("closed-form", False, 9.0, "defended", dp='{"k1": 0.1}')])])
     assert [x["verdict"] for x in judge(claim, two)] == ["falls", "holds"]  # one row per matching configuration
+    weak = pd.concat([agg, pd.DataFrame([{**_row("closed-form", False, 11.0, "defended"), "defense": "none", "defense_params": "{}"}])])
+    (r,) = judge({**claim, "expect": "leaks"}, weak[~weak["attack_params"].str.contains("true")])
+    assert r["verdict"] == "inconclusive" and "even without a defense" in r["why"]  # an attack that never works
+    strong = pd.concat([agg, pd.DataFrame([{**_row("closed-form", False, 50.0, "recovered"), "defense": "none", "defense_params": "{}"}])])
+    (r,) = judge({**claim, "expect": "leaks"}, strong[~strong["attack_params"].str.contains("true")])
+    assert r["verdict"] == "falls"
 
 
 def test_the_leaderboard_judges_the_claims_and_a_clone_rebuilds_them(tmp_path):
