@@ -129,3 +129,26 @@ def test_the_leaderboard_judges_the_claims_and_a_clone_rebuilds_them(tmp_path):
     write_reports(out)
     md2 = (out / "leaderboard.md").read_text()
     assert md2[md2.index("## Published claims"):md2.index("## Results by case")] == section
+
+
+def test_dp_bound_doctests_and_kappa_bounds_every_guess():
+    """The bound's doctests; kappa's upper bound is never below what any fixed guess attains (the images, their
+    pairwise midpoints, the mean), and not below the attained value, on the embedded images."""
+    import doctest
+
+    import torch
+
+    import gleak.dp_bound as dpb
+    from gleak.data import load_dataset
+
+    assert doctest.testmod(dpb).failed == 0
+    x = load_dataset("skimage", "train").x[:60].double()
+    upper, attained = dpb.baseline_kappa(x), dpb.attained_kappa(x)
+    r = dpb.recovered_radius(x)
+    guesses = [x, (x.unsqueeze(0) + x.unsqueeze(1)).flatten(0, 1) / 2, x.mean(0, keepdim=True)]
+    best = 0.0
+    for g in guesses:
+        rmse = torch.cdist(g.flatten(1), x.flatten(1)) / x[0].numel() ** 0.5
+        best = max(best, float((rmse <= r.unsqueeze(0)).double().sum(1).max()) / len(x))
+    assert attained <= best <= upper, (attained, best, upper)
+    assert dpb.reconstruction_bound(0.5, 1e-5, upper) > upper  # e^eps > 1: the guarantee allows more than kappa
