@@ -78,21 +78,24 @@ def _said(r: Any) -> str:
 
 
 def _verdict(expect: str, plain: Any, adaptive: Any) -> dict[str, str]:
+    """'holds' / 'falls' and why. The attack cited is the one that ignores the defense where it settles the claim
+    (no knowledge needed), the defense-aware one where only it does; the other's result follows where it is
+    stronger."""
     both = [r for r in (plain, adaptive) if r is not None]
     if not both:
         return {"verdict": "not run", "why": "every matching trial failed or was not applicable"}
-    worst = max(both, key=lambda r: (r["psnr"], -(r["mse_median"] or 0)))
+    leaking = [r for r in both if r["verdict"] in LEAKING]
+    if leaking:
+        first = leaking[0]  # plain where it leaks
+        why = ("only to the adaptive attack: " if first is adaptive and plain is not None and expect == "defended" else "") + _said(first)
+        if first is plain and adaptive is not None and adaptive["psnr"] > plain["psnr"] + 0.01:
+            why += f"; knowing the defense: {adaptive['verdict']} at {adaptive['psnr']:.1f} dB"
+        return {"verdict": "falls" if expect == "defended" else "holds", "why": why}
+    worst = max(both, key=lambda r: r["psnr"])
     if expect == "defended":
-        leaking = [r for r in both if r["verdict"] in LEAKING]
-        if not leaking:
-            return {"verdict": "holds", "why": f"every attack is defended (strongest: {worst['attack']} at {worst['psnr']:.1f} dB)"}
-        first = max(leaking, key=lambda r: r["psnr"])
-        only_adaptive = plain is not None and plain["verdict"] not in LEAKING
-        return {"verdict": "falls", "why": ("only to the adaptive attack: " if only_adaptive else "") + _said(first)}
-    if worst["verdict"] in LEAKING:
-        return {"verdict": "holds", "why": _said(worst)}
-    return {"verdict": "falls", "why": f"no attack leaks (strongest: {worst['attack']} at {worst['psnr']:.1f} dB, blind guess "
-            f"{worst['blind_psnr']:.1f} dB)" if worst.get("blind_psnr") is not None else "no attack leaks"}  # fmt: skip
+        return {"verdict": "holds", "why": f"every attack is defended (strongest: {worst['attack']} at {worst['psnr']:.1f} dB)"}
+    blind = f", blind guess {worst['blind_psnr']:.1f} dB" if worst.get("blind_psnr") is not None else ""
+    return {"verdict": "falls", "why": f"no attack leaks (strongest: {worst['attack']} at {worst['psnr']:.1f} dB{blind})"}
 
 
 def _cell(r: Any) -> list[str]:
