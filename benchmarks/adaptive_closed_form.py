@@ -1,9 +1,11 @@
 """How the defense-aware closed form's gain under noise grows with the first layer's width (issue 13).
 
-The pooled estimate (attacks/closed_form.py, `defense_aware = true`) averages the noise over every unit the input
-activates, so its error falls as one over the square root of the active units: a wider first layer leaks more. This
-sweeps the MLP's width at a few noise scales (skimage, batch 1, seeds 0-4) and prints, per (sigma, width), the median
-PSNR and the share of trials recovered (margin verdict) for the plain closed form and the defense-aware one.
+The pooled estimate (attacks/closed_form.py, `defense_aware = true`) averages the noise over every row of the first
+layer: its error is the noise over the bias-gradient energy of all rows, the plain closed form's over the largest
+row's alone, so the gain grows with the layer's width. This sweeps the MLP's width at a few noise scales (skimage,
+batch 1, seeds 0-4) and prints, per (sigma, width), the median PSNR and the share of trials recovered (margin
+verdict) for the plain closed form and the defense-aware one. (In absolute terms both fall with the width here:
+PyTorch's default init scales the next layer by 1/sqrt(width), so the bias gradients' total energy stays put.)
 
     OMP_NUM_THREADS=1 python benchmarks/adaptive_closed_form.py > benchmarks/adaptive_closed_form.txt
 """
