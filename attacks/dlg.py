@@ -61,7 +61,8 @@ class DLG(Attack):
         candidate gradient to the set of gradients the wire allows instead of to the wire itself: the squared
         distance to its projection on that box (attacks/_gradmatch.wire_box): Top-k / DGP / Outpost / Soteria
         (sparsification): sent entries matched, pruned ones free (Top-k: bounded by the smallest sent magnitude);
-        quantization: zero inside each entry's rounding cell. Any other defense: exactly the plain attack. Default
+        quantization of 8 bits or more (fp16, bf16, int-8..16): zero inside each entry's rounding cell; coarser
+        integer formats and any other defense: exactly the plain attack (_gradmatch.QUANT_MIN_BITS). Default
         False (DLG). Ours; see wire_box for the sources of each reading. extra['wire_reading'] names the rule used.
 
     Defaults and known deviations:

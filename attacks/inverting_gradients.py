@@ -90,9 +90,14 @@ class InvertingGradients(Attack):
     defense_aware: the attacker knows the defense (adds "knows_defense" to `needs`; Kerckhoffs) and measures the
         cosine distance of the candidate gradient to its projection on the set of gradients the wire allows
         (attacks/_gradmatch.wire_box) instead of to the wire: Top-k / DGP / Outpost / Soteria (sparsification): only
-        the sent entries count, pruned ones are free (Top-k: bounded by the smallest sent magnitude); quantization:
-        zero inside each entry's rounding cell. Any other defense: exactly the plain attack. Default False (the
-        paper). Ours; see wire_box. extra['wire_reading'] names the rule used; grad_loss is then that distance.
+        the sent entries count, pruned ones are left out of the cosine (masked). Quantization and any other defense:
+        exactly the plain attack (the rounding cell is absolute while the cosine is scale-free: the cosine to the
+        candidate's projection on the cells gave no gain on int-8, 8 px MLP of 256 units, 300 iterations, seeds
+        0-2: median PSNR 58.3 dB plain, 57.8 in the cells, both exact). Default False (the paper). Ours; see
+        attacks/_gradmatch.wire_box. extra['wire_reading'] names the rule used; grad_loss is then that distance.
+        Masked matching needs the budget: on the 8 px MLP of 64 units through Top-k 0.9 it trails plain matching at
+        300 iterations (median 18.8 against 23.2 dB, seeds 0-3) and leads at 1,000 (25.6 against 23.7, seeds 0-2);
+        with 256 units it leads at 200 iterations (29.6 against 23.6) and 300 (56.0 against 23.6).
 
     Known deviations: FedSGD gradients are matched as sent; a FedAvg delta (kind "delta") is matched as a gradient
     (delta / (lr * local_steps), exact for one local step; the paper's section 6 unrolls several steps, not done
@@ -179,7 +184,8 @@ class InvertingGradients(Attack):
         target = list(gradient)
         target_norm = torch.stack([t.pow(2).sum() for t in target]).sum().sqrt()
         y = fixed_labels(self.labels, gradient, model, k, k.batch_size, rng)
-        box = wire_box(k, target, names, model) if self.defense_aware else None
+        # Quantization: plain matching (see the docstring, defense_aware).
+        box = wire_box(k, target, names, model, quantization=False) if self.defense_aware else None
         if box is not None:
             extra["wire_reading"] = box.reading
         x = torch.randn((self.restarts, k.batch_size, *k.input_shape), generator=rng, dtype=dtype)
