@@ -56,6 +56,10 @@ def test_the_wire_box_holds_the_true_gradient_and_pins_what_was_sent_exactly(def
             assert bool(((lo <= t) & (t <= hi)).all()), (defense, params, seed)
             if defense != "quantization":  # a sent entry is the gradient itself
                 assert torch.equal(lo[s != 0], s[s != 0]) and torch.equal(hi[s != 0], s[s != 0])
+        if defense == "topk":  # a pruned entry is bounded by the smallest magnitude sent, over its scope
+            scope = [torch.cat([s.flatten() for s in sent])] * 2 if params.get("scope", "global") == "global" else sent
+            for s, hi, pool in zip(sent, box.hi, scope):
+                assert torch.equal(hi[s == 0], pool[pool != 0].abs().min().expand(int((s == 0).sum())))
         widths = torch.cat([(hi - lo).flatten() for lo, hi in zip(box.lo, box.hi)])
         if defense == "quantization":  # the cells are tight: at most two rounding steps of int-8 wide
             assert bool((widths <= torch.cat([t.abs().flatten() for t in true]).max() * 2 ** -5).all())
