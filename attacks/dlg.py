@@ -59,11 +59,11 @@ class DLG(Attack):
         later start could return a visibly different image), 0 runs them all. gleak's cost saving, default 1e-9.
     defense_aware: the attacker knows the defense (adds "knows_defense" to `needs`; Kerckhoffs) and matches the
         candidate gradient to the set of gradients the wire allows instead of to the wire itself: the squared
-        distance to its projection on that box (attacks/_gradmatch.wire_box): Top-k / DGP / Outpost / Soteria
-        (sparsification): sent entries matched, pruned ones free (Top-k: bounded by the smallest sent magnitude);
-        quantization of 8 bits or more (fp16, bf16, int-8..16): zero inside each entry's rounding cell; coarser
-        integer formats and any other defense: exactly the plain attack (_gradmatch.QUANT_MIN_BITS). Default
-        False (DLG). Ours; see wire_box for the sources of each reading. extra['wire_reading'] names the rule used.
+        distance to its projection on that box (attacks/_gradmatch.wire_box): Top-k / DGP / Soteria (sparsification):
+        sent entries matched, pruned ones free (Top-k: bounded by the smallest sent magnitude); quantization of 8
+        bits or more (fp16, bf16, int-8..16): zero inside each entry's rounding cell; coarser integer formats,
+        Outpost and any other defense: exactly the plain attack (_gradmatch.QUANT_MIN_BITS). Default False (DLG).
+        Ours (the reading of each defense is in wire_box). extra['wire_reading'] names the rule used.
 
     Defaults and known deviations:
     - Dummy inputs are drawn N(0, 1) in gleak's normalised model-input space (the released code draws them in raw

@@ -89,7 +89,7 @@ class InvertingGradients(Attack):
         Both compute the same mathematics (Adam is element-wise), to floating-point rounding.
     defense_aware: the attacker knows the defense (adds "knows_defense" to `needs`; Kerckhoffs) and measures the
         cosine distance of the candidate gradient to its projection on the set of gradients the wire allows
-        (attacks/_gradmatch.wire_box) instead of to the wire: Top-k / DGP / Outpost / Soteria (sparsification): only
+        (attacks/_gradmatch.wire_box) instead of to the wire: Top-k / DGP / Soteria (sparsification): only
         the sent entries count, pruned ones are left out of the cosine (masked). Quantization and any other defense:
         exactly the plain attack (the rounding cell is absolute while the cosine is scale-free: the cosine to the
         candidate's projection on the cells gave no gain on int-8, 8 px MLP of 256 units, 300 iterations, seeds
