@@ -142,7 +142,9 @@ def wire_box(
       round (so exact in cases without warm-up rounds) and corrupts the sent entries after warm-up rounds, which this
       reading does not model (it matches g + e as if it were g). Measured on the 8 px MLP of 256 units, seeds 0-2,
       median PSNR plain -> masked: without warm-up DLG 13.9 -> 100.2 dB, inverting-gradients 14.5 -> 66.8; after 4
-      warm-up rounds (server step 0.01) DLG 15.6 -> 28.8, inverting-gradients 18.1 -> 28.5.
+      warm-up rounds (server step 0.01) DLG 15.6 -> 28.8, inverting-gradients 18.1 -> 28.5. At 32x32 (2,000
+      iterations, seed 0 only): without warm-up inverting-gradients 16.2 -> 26.3 dB; after 4 warm-up rounds (the
+      dgp-table1 case) 13.9 -> 12.4, both at the blind guess: there the residual undoes the masked reading.
     - outpost is not answered (plain matching): its pruned zeros are known, but the noise it adds to the sent
       entries is not modelled, and masking the zeros alone gained nothing (8 px MLP of 256 units, seeds 0-2, median
       PSNR: DLG 31.6 dB plain and masked, inverting-gradients 30.6 plain, 30.4 masked).
