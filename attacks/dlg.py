@@ -16,7 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gleak.attacks._gradmatch import FIXED_LABELS, attack_model, fixed_labels, observed_gradient, param_gradients, squared_distance
+from gleak.attacks._gradmatch import (
+    FIXED_LABELS,
+    attack_model,
+    box_squared_distance,
+    fixed_labels,
+    observed_gradient,
+    param_gradients,
+    squared_distance,
+    wire_box,
+)
 from gleak.errors import UnsupportedCase
 from gleak.plugin import Attack
 from gleak.registry import register_attack
@@ -48,6 +57,13 @@ class DLG(Attack):
         ran 16 restarts; DLG from one start is all-or-nothing per image. The released DLG code runs 1.
     stop_below: stop restarting once a start's final distance is below stop_below x ||g||^2 (an exact match: no
         later start could return a visibly different image), 0 runs them all. gleak's cost saving, default 1e-9.
+    defense_aware: the attacker knows the defense (adds "knows_defense" to `needs`; Kerckhoffs) and matches the
+        candidate gradient to the set of gradients the wire allows instead of to the wire itself: the squared
+        distance to its projection on that box (attacks/_gradmatch.wire_box): Top-k / DGP / Soteria (sparsification):
+        sent entries matched, pruned ones free (Top-k: bounded by the smallest sent magnitude); quantization of 8
+        bits or more (fp16, bf16, int-8..16): zero inside each entry's rounding cell; coarser integer formats,
+        Outpost and any other defense: exactly the plain attack (_gradmatch.QUANT_MIN_BITS). Default False (DLG).
+        Ours (the reading of each defense is in wire_box). extra['wire_reading'] names the rule used.
 
     Defaults and known deviations:
     - Dummy inputs are drawn N(0, 1) in gleak's normalised model-input space (the released code draws them in raw
@@ -76,6 +92,7 @@ class DLG(Attack):
         max_iter: int = 20,
         restarts: int = 16,
         stop_below: float = 1e-9,
+        defense_aware: bool = False,
     ):
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
@@ -95,6 +112,14 @@ class DLG(Attack):
         self.max_iter = max_iter
         if labels == "given":
             self.needs = self.needs | {"labels"}
+        self.defense_aware = defense_aware
+        if defense_aware:
+            self.needs = self.needs | {"knows_defense"}
+
+    @classmethod
+    def identity_params(cls, params: dict) -> dict:
+        """defense_aware was added later (issue 13): left out of trial ids at False, so earlier ids stay valid."""
+        return {k: v for k, v in params.items() if not (k == "defense_aware" and v is False)}
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
         model, names, params = attack_model(observation)
@@ -104,13 +129,16 @@ class DLG(Attack):
         dtype = params[0].dtype
         gradient, extra = observed_gradient(observation.update, names, dtype)
         target = list(gradient)
+        box = wire_box(k, target, names, model) if self.defense_aware else None
+        if box is not None:
+            extra["wire_reading"] = box.reading
 
         y = None if self.labels == "soft" else fixed_labels(self.labels, gradient, model, k, k.batch_size, rng)
         scale = float(sum(t.double().pow(2).sum() for t in target))
         best: tuple | None = None
         evaluations = 0
         for r in range(self.restarts):
-            x_r, y_r, match, evals, stopped_at = self._one_start(model, params, target, k, dtype, y, rng)
+            x_r, y_r, match, evals, stopped_at = self._one_start(model, params, target, k, dtype, y, rng, box)
             evaluations += evals
             if best is None or match < best[2]:
                 best = (x_r, y_r, match, stopped_at, r)
@@ -120,7 +148,7 @@ class DLG(Attack):
         extra.update(match_loss=match, evaluations=evaluations, stopped_at=stopped_at, restart=chosen, restarts_run=r + 1)
         return Reconstruction(x=x_final, y=y_final.long(), extra=extra)
 
-    def _one_start(self, model, params, target, k, dtype, y, rng) -> tuple[Tensor, Tensor, float, int, int]:
+    def _one_start(self, model, params, target, k, dtype, y, rng, box=None) -> tuple[Tensor, Tensor, float, int, int]:
         """One L-BFGS run from fresh dummies: (images, labels, final gradient distance, evaluations, stopped_at)."""
         x = torch.randn((k.batch_size, *k.input_shape), generator=rng, dtype=dtype).requires_grad_(True)
         if self.labels == "soft":
@@ -129,13 +157,16 @@ class DLG(Attack):
         else:
             variables, loss_fn, label_arg = [x], F.cross_entropy, y
 
+        def distance(grads) -> Tensor:
+            return squared_distance(grads, target) if box is None else box_squared_distance(grads, box)
+
         opt = torch.optim.LBFGS(variables, lr=self.lr, history_size=self.history_size, max_iter=self.max_iter)
         evaluations = 0
 
         def closure() -> Tensor:
             nonlocal evaluations
             evaluations += 1
-            dist = squared_distance(param_gradients(model, params, x, loss_fn, label_arg), target)
+            dist = distance(param_gradients(model, params, x, loss_fn, label_arg))
             # Gradients for the dummies only: .backward() would also fill every parameter's .grad, for nothing.
             for v, g in zip(variables, torch.autograd.grad(dist, variables)):
                 v.grad = g
@@ -154,7 +185,7 @@ class DLG(Attack):
         with torch.enable_grad():
             xf = x_final.clone().requires_grad_(True)
             final_arg = last[1] if self.labels == "soft" else label_arg
-            match = float(squared_distance(param_gradients(model, params, xf, loss_fn, final_arg), target).detach())
+            match = float(distance(param_gradients(model, params, xf, loss_fn, final_arg)).detach())
         return x_final, y_final, match, evaluations, stopped_at
 
     @classmethod

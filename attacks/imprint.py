@@ -16,6 +16,11 @@ from gleak.threat import Knowledge, Observation, Reconstruction
 ENCODER = "imprint.encoder"  # parameter prefix of the imprint layer in the model the server sends
 BELOW_DATA = 10.0  # standard deviations below the centre: the reference's first threshold (-10 on a unit normal)
 REFERENCE_DECODER = 1e3  # the reference block's decoder entries (1 / its default gain 1e-3)
+# Shaped imprint (defense_aware): the loud padding rows' decoder entries, this many times the bins' (gain / bins), so
+# that their gradients outrank every image-carrying entry; their bias, positive (they always fire) and so small
+# that their output (decoder x bias) is nothing beside a pixel.
+LOUDER = 1e6
+LOUD_BIAS = 1e-20
 
 
 class ImprintBlock(nn.Module):
@@ -130,6 +135,23 @@ class Imprint(Attack):
         the reference's decoder replacing the image by its output (here it is added to the image).
     Suites: dgp-table1 (the only shipped suite with this attack) uses the defaults for lowest_bin and selection and
     sets gain to 1 and 1e6 (the quiet block and one about 15 times louder than the reference's).
+    defense_aware: the server knows the client's pruning rule and its parameters (adds "knows_defense" to `needs`;
+        Kerckhoffs) and shapes its imprint layer so that every entry that carries an image falls where the rule keeps
+        it (ours; the padding idea is issue 13's). The layer gets extra rows after the k bins: "dead" rows (weight 0,
+        bias -1, decoder column 0: they never fire, their gradient is exactly zero) and, against DGP, "loud" rows
+        (weight 0, bias LOUD_BIAS > 0 so they always fire, decoder entries LOUDER x gain / k: their gradient is the
+        batch's mixture of images, a million times louder than any bin's). Neither changes what the body sees
+        beyond LOUD_BIAS x LOUDER x gain / k per pixel (1e-11 at the default gain). Row counts are the fewest that
+        fit the rule exactly (the counts of defenses/topk.py and defenses/dgp.py, for the weight and the bias):
+        - topk scope "layer": dead rows make up the pruned share of each imprint tensor, so the k bins are all kept.
+        - topk scope "global": dead rows grow the update until its kept share holds the k bins' k (d + 1) entries;
+          the bins must then also be louder than the body's gradients, which `gain` decides (not changed here).
+        - dgp (per layer, drops the top k1 and the bottom k2 share): loud rows fill the dropped top (one row more
+          than needed, for the rare pixel where the mixture is near zero), dead rows the dropped bottom, and the k
+          bins sit in the kept middle band. With error feedback (Algorithm 2) nothing changes: the imprint layer is
+          new in the attacked round, so the client holds no residual for it.
+        Any other defense, or a rule that keeps too little for the padding to fit: the plain block. Reconstruction reads the first k rows (the bins) only.
+        extra['shaped_rows']: how many padding rows the layer has.
     Reports the share of the batch recovered exactly (PSNR > 40 dB, after matching) as the diagnostic
     `share_psnr40` (every trial gets it); `bins_usable` counts the candidate intervals with a non-zero bias difference.
     Deviations from the reference: the thresholds are placed on the distribution fitted to public data (the reference
@@ -153,6 +175,7 @@ class Imprint(Attack):
         lowest_bin: Literal["below-data", "quantile"] = "below-data",
         selection: Literal["weight", "bias"] = "weight",
         gain: float | None = None,
+        defense_aware: bool = False,
     ):
         if bins < 1:
             raise ValueError(f"bins must be >= 1, got {bins}")
@@ -165,6 +188,14 @@ class Imprint(Attack):
         self.bins, self.measurement, self.distribution = bins, measurement, distribution
         self.lowest_bin, self.selection = lowest_bin, selection
         self.gain = REFERENCE_DECODER * bins if gain is None else float(gain)
+        self.defense_aware = defense_aware
+        if defense_aware:
+            self.needs = self.needs | {"knows_defense"}
+
+    @classmethod
+    def identity_params(cls, params: dict) -> dict:
+        """defense_aware was added later (issue 13): left out of trial ids at False, so earlier ids stay valid."""
+        return {k: v for k, v in params.items() if not (k == "defense_aware" and v is False)}
 
     def prepare(self, model: nn.Module, knowledge: Knowledge, rng: torch.Generator) -> nn.Module:
         if knowledge.public_x is None or len(knowledge.public_x) < 2:
@@ -178,11 +209,18 @@ class Imprint(Attack):
         values = knowledge.public_x.reshape(len(knowledge.public_x), -1).double() @ m
         q = thresholds(values, self.bins, self.distribution, self.lowest_bin)
         dtype = next(model.parameters()).dtype
-        block = ImprintBlock(knowledge.input_shape, self.bins).to(dtype)
+        loud, dead = shaped_rows(knowledge, self.bins, d, model) if self.defense_aware else (0, 0)
+        k = self.bins
+        block = ImprintBlock(knowledge.input_shape, k + loud + dead).to(dtype)
         with torch.no_grad():
-            block.encoder.weight.copy_((m / self.gain).expand(self.bins, d))
-            block.encoder.bias.copy_(-q / self.gain)
-            block.decoder.weight.fill_(self.gain / self.bins)
+            block.encoder.weight.zero_()
+            block.encoder.weight[:k] = (m / self.gain).expand(k, d)
+            block.encoder.bias[:k] = -q / self.gain
+            block.encoder.bias[k : k + loud] = LOUD_BIAS
+            block.encoder.bias[k + loud :] = -1.0
+            block.decoder.weight.zero_()
+            block.decoder.weight[:, :k] = self.gain / k
+            block.decoder.weight[:, k : k + loud] = LOUDER * self.gain / k
             block.decoder.bias.zero_()
         return Imprinted(block, copy.deepcopy(model))
 
@@ -190,7 +228,8 @@ class Imprint(Attack):
         update, k = observation.update, observation.knowledge
         if f"{ENCODER}.weight" not in update.tensors:
             raise UnsupportedCase("imprint reads the gradient of the imprint layer that its own prepare step inserted")
-        dw, db = update[f"{ENCODER}.weight"].double(), update[f"{ENCODER}.bias"].double()
+        # The first `bins` rows are the bins; a shaped layer's padding rows follow them.
+        dw, db = update[f"{ENCODER}.weight"][: self.bins].double(), update[f"{ENCODER}.bias"][: self.bins].double()
         # Bins are in increasing threshold order: interval i lies between bin i and bin i+1; the top bin stands alone.
         ddw = torch.cat([dw[:-1] - dw[1:], dw[-1:]])
         ddb = torch.cat([db[:-1] - db[1:], db[-1:]])
@@ -204,4 +243,40 @@ class Imprint(Attack):
         x[: len(rows)] = ddw[rows] / ddb[rows].unsqueeze(1)
         dtype = update[f"{ENCODER}.weight"].dtype
         extra = {"bins_usable": int(len(usable))}
+        if self.defense_aware:
+            extra["shaped_rows"] = update[f"{ENCODER}.weight"].shape[0] - self.bins
         return Reconstruction(x=x.to(dtype).reshape(batch, *k.input_shape), extra=extra)
+
+
+def shaped_rows(knowledge: Knowledge, bins: int, d: int, model: nn.Module) -> tuple[int, int]:
+    """(loud, dead) padding rows that put all of the k = `bins` image-carrying rows of the imprint layer where the
+    described pruning rule keeps them (see Imprint, defense_aware); (0, 0), the plain block, for a rule this has
+    no answer to, or one that keeps too little for any padding to fit (within 1,000 / 10,000 times the bins)."""
+    desc = knowledge.defense
+    if desc is None or desc.defense not in ("topk", "dgp"):
+        return 0, 0
+    if desc.defense == "dgp":
+        from gleak.defenses.dgp import dgp_counts
+
+        k1, k2 = float(desc.param("k1", 0.05)), float(desc.param("k2", 0.75))
+        for rows in range(bins, 1_000 * bins + 2):
+            (top_w, bottom_w), (top_b, bottom_b) = dgp_counts(rows * d, k1, k2), dgp_counts(rows, k1, k2)
+            loud = max(-(-top_w // d) + (1 if top_w else 0), top_b)
+            dead = max(-(-bottom_w // d), bottom_b)
+            if bins + loud + dead <= rows:
+                return loud, rows - bins - loud
+        return 0, 0
+    ratio = float(desc.param("ratio", 0.9))
+    if ratio >= 1.0:
+        return 0, 0  # nothing is sent: no layout helps
+    if desc.param("scope", "global") == "layer":
+        for rows in range(bins, 10_000 * bins + 2):
+            if rows - bins >= max(-(-round(ratio * rows * d) // d), round(ratio * rows)):
+                return 0, rows - bins
+    else:
+        body = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        for rows in range(bins, 10_000 * bins + 2):
+            total = body + rows * (2 * d + 1) + d  # encoder weight and bias, decoder weight and bias
+            if total - round(ratio * total) >= bins * (d + 1):
+                return 0, rows - bins
+    return 0, 0
