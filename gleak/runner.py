@@ -191,6 +191,19 @@ def plan(trials: list[TrialConfig], trial_timeout: float | None = None) -> tuple
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
+def suite_device(suite: Suite, device: str | None = None) -> str:
+    """The resolved device of a run: `device` (the caller's, e.g. --device) or else the suite's [suite] device, else
+    cpu: the shipped results were measured on the CPU, and a rerun that resumes a folder should not mix devices
+    unless asked to. InputError naming where the device was asked for when it is not a device or not here."""
+    from gleak.device import resolve
+
+    if device is not None:
+        return resolve(device, "--device")
+    if suite.device is not None:
+        return resolve(suite.device, f"{suite.path}: [suite] device")
+    return "cpu"
+
+
 def run_suite(
     suite: Suite,
     out: str | Path,
@@ -206,6 +219,7 @@ def run_suite(
     in_process: bool = False,
     trial_timeout: float | None = None,
     force: bool = False,
+    device: str | None = None,
 ) -> RunSummary:
     """Run every trial of `suite` that `out` does not already hold, and its [utility] runs. The reports are the
     caller's to write (`gleak.report.write_reports`; the CLI does it).
@@ -217,13 +231,16 @@ def run_suite(
     threads per trial. plugin_files: loaded in every worker (already loaded here). force: accept a non-empty folder
     that is not gleak's (see gleak.folder). on_start(todo, stored) is called once the folder is locked, before any
     trial runs. Raises InputError, with the folder untouched, when the folder is not one gleak may write, another
-    run holds it, its store is not gleak's, a trial is over the budget or Ray cannot start.
+    run holds it, its store is not gleak's, a trial is over the budget or Ray cannot start. device: where trials and
+    utility runs compute (auto, cpu, cuda, cuda:N; None: the suite's [suite] device, else cpu; see gleak.device);
+    InputError, before anything is touched, for a device that is not here.
     """
     from gleak import folder as owned
 
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     out = Path(out)
+    device = suite_device(suite, device)
     costs_all, limits = plan(suite.trials, trial_timeout)  # reads nothing of the folder: bad input stops here
     with contextlib.ExitStack() as stack:
         # Read-only checks first (the folder is gleak's or empty, its store is gleak's), then the lock: a second run
@@ -254,7 +271,7 @@ def run_suite(
             on_start(len(todo), len(suite.trials) - len(todo))
         costs = {t.trial_id: costs_all[t.trial_id] for t in todo}
         todo = longest_first(todo, costs)
-        env = TrialEnv(lpips_weights, str(out / "images") if suite.save_images else None, tuple(plugin_files), threads)
+        env = TrialEnv(lpips_weights, str(out / "images") if suite.save_images else None, tuple(plugin_files), threads, device)
         bar = stack.enter_context(contextlib.closing(Progress(len(todo), sum(costs.values()), progress and bool(todo))))
         failed = 0
 
@@ -286,7 +303,7 @@ def run_suite(
         store.set_membership(suite.trials)
         from gleak.utility import run_suite_utility
 
-        util_failed = run_suite_utility(suite, store, progress, workers or 1)  # accuracy under each defense
+        util_failed = run_suite_utility(suite, store, progress, workers or 1, device)  # accuracy under each defense
         failed_total = store.failed_members()  # over the whole suite, not only this run's trials
     return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed)
 

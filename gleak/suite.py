@@ -1,7 +1,8 @@
 """Suites: TOML files that describe a grid of trials. Parsed, validated completely, then expanded.
 
     [suite]                      name, seeds (a list, or N for 0..N-1), description, save_images,
-                                 verdict ("margin", default, or "seed002": see gleak.metrics)
+                                 verdict ("margin", default, or "seed002": see gleak.metrics), device (auto, cpu,
+                                 cuda or cuda:N; `gleak run --device` overrides it; see gleak.device)
     [case]                       keys of gleak.config.CaseConfig; a list value expands the grid; `protocol` names
                                  the round protocol (fedsgd by default) and `protocol_params` its parameters
     [[attack]] / [[defense]]     name plus parameters; a list value expands the grid
@@ -28,7 +29,7 @@ from gleak.config import (
 )  # fmt: skip
 from gleak.errors import InputError, UnknownPluginError
 
-SUITE_KEYS = {"name", "seeds", "description", "save_images", "verdict"}
+SUITE_KEYS = {"name", "seeds", "description", "save_images", "verdict", "device"}
 TOP_TABLES = {"suite", "case", "attack", "defense", "grid", "utility"}
 GRID_KEYS = {"name", "seeds", "case", "attack", "defense"}
 MAX_SEED = 2**63
@@ -61,6 +62,7 @@ class Suite:
     extra_tables: dict[str, Any] = field(default_factory=dict)
     utility: UtilityConfig | None = None  # the [utility] table, validated
     verdict: str = "margin"  # the verdict rule of its leaderboard (gleak.metrics.VERDICT_RULES)
+    device: str | None = None  # [suite] device, as written (gleak.device: resolved when the suite runs)
 
 
 def _close(key: str, known: typing.Iterable[str]) -> str:
@@ -354,6 +356,11 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     verdict = meta.get("verdict", "margin")
     if verdict not in VERDICT_RULES:
         raise where.error("suite", "verdict", f"must be one of {', '.join(map(repr, VERDICT_RULES))}, got {verdict!r}")
+    from gleak.device import check_name
+
+    device = meta.get("device")
+    if device is not None and check_name(device):
+        raise where.error("suite", "device", check_name(device))
 
     grids = doc.get("grid")
     trials: list[TrialConfig] = []
@@ -384,4 +391,4 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
         unique.setdefault(t.trial_id, t)  # the same trial asked for twice runs once
     extras = {k: doc[k] for k in extra_tables if k in doc}
     utility = _utility(doc["utility"], where) if "utility" in doc and "utility" not in extra_tables else None
-    return Suite(name, path, list(unique.values()), description, save_images, extras, utility, verdict)
+    return Suite(name, path, list(unique.values()), description, save_images, extras, utility, verdict, device)
