@@ -31,6 +31,7 @@ from gleak.errors import UnsupportedCase
 from gleak.plugin import Attack, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Observation, Reconstruction
+from gleak.progress import report as report_progress
 
 # (iterations, alpha_TV). "breaching": its TV scale 0.2 is applied to the mean of the two directional terms, which
 # is 0.1 on the sum used here (breaching's config says so), over 24,000 iterations.
@@ -174,6 +175,7 @@ class InvertingGradients(Attack):
                 for group in opt.param_groups:
                     group["lr"] = self.lr * 0.1 ** sum(i >= m for m in marks)
             g, _ = grad_fn(x.detach())
+            report_progress(i + 1, self.n_iterations, _)  # _: the cosine distance of each restart
             x.grad = g.sign_() if self.signed else g
             opt.step()
             if self.boxed:

@@ -75,6 +75,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
     _check_lpips_env()
     workers = _parallelism(args)
+    if args.device is not None:  # before anything starts: a device that is not here is one line
+        from gleak.device import resolve
+
+        resolve(args.device)
     if args.executor == "local" and not args.in_process:
         from gleak.workers import prestart
 
@@ -98,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         threads=args.threads, executor=args.executor, address=args.address,
         plugin_files=tuple(str(Path(f).resolve()) for f in args.plugin or ()), on_start=announce,
         in_process=args.in_process, trial_timeout=args.trial_timeout, force=args.force, device=args.device,
+        verbose=args.verbose,
     )  # fmt: skip
     from gleak.folder import write_reports
 
@@ -352,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", help="where trials and utility runs compute: auto (cuda if available, else cpu), cpu, "
                    "cuda or cuda:N (default: the suite's [suite] device, else cpu); not part of the trial ids, "
                    "recorded per trial (extra.device)")  # fmt: skip
+    r.add_argument("--verbose", action="store_true", help="each trial prints its attack's iterations to stderr "
+                   "(trial, iteration/total, loss), every tenth of the iterations")  # fmt: skip
     r.add_argument("--force", action="store_true", help="write into a non-empty folder that is not gleak's (gleak "
                    "adds its files beside the others and never touches them)")  # fmt: skip
     r.set_defaults(func=cmd_run)

@@ -220,6 +220,7 @@ def run_suite(
     trial_timeout: float | None = None,
     force: bool = False,
     device: str | None = None,
+    verbose: bool = False,
 ) -> RunSummary:
     """Run every trial of `suite` that `out` does not already hold, and its [utility] runs. The reports are the
     caller's to write (`gleak.report.write_reports`; the CLI does it).
@@ -233,7 +234,8 @@ def run_suite(
     trial runs. Raises InputError, with the folder untouched, when the folder is not one gleak may write, another
     run holds it, its store is not gleak's, a trial is over the budget or Ray cannot start. device: where trials and
     utility runs compute (auto, cpu, cuda, cuda:N; None: the suite's [suite] device, else cpu; see gleak.device);
-    InputError, before anything is touched, for a device that is not here.
+    InputError, before anything is touched, for a device that is not here. verbose: every trial prints its attack's
+    iterations to stderr (gleak.progress), also from worker processes and Ray tasks.
     """
     from gleak import folder as owned
 
@@ -271,7 +273,7 @@ def run_suite(
             on_start(len(todo), len(suite.trials) - len(todo))
         costs = {t.trial_id: costs_all[t.trial_id] for t in todo}
         todo = longest_first(todo, costs)
-        env = TrialEnv(lpips_weights, str(out / "images") if suite.save_images else None, tuple(plugin_files), threads, device)
+        env = TrialEnv(lpips_weights, str(out / "images") if suite.save_images else None, tuple(plugin_files), threads, device, verbose)
         bar = stack.enter_context(contextlib.closing(Progress(len(todo), sum(costs.values()), progress and bool(todo))))
         failed = 0
 

@@ -27,6 +27,7 @@ from gleak.guards import extra_json
 from gleak.metrics import mean_image, relative_distance, score
 from gleak.plugin import Attack, Defense
 from gleak.pretrain import build_model
+from gleak.progress import reporting
 from gleak.protocol import Protocol, Schedule, fedavg_update, fedsgd_update, run_rounds, trial_setup
 from gleak.registry import create
 from gleak.threat import ClientBatch, Observation, Update, denormalize, replace
@@ -184,15 +185,17 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
 
 def run_trial(
     cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str | Path | None = None, on_images: Any = None,
-    device: str = "cpu",
+    device: str = "cpu", progress: Any = None,
 ) -> dict[str, Any]:
     """Run one trial and return its row for the store. Never raises for a failing trial: the row says why.
     on_images(truth, reconstruction), when given, receives the trial's images in [0, 1] (gleak.api keeps them).
-    device: a resolved device name (gleak.device.resolve), recorded in the row's extra; not part of the trial id."""
+    device: a resolved device name (gleak.device.resolve), recorded in the row's extra; not part of the trial id.
+    progress: where the attack's iterations go (a gleak.progress sink; None: nowhere)."""
     t0 = time.perf_counter()
     row: dict[str, Any] = {"trial_id": cfg.trial_id, "config": cfg.to_json(), "status": "ok", "error": None}
     try:
-        with torch.random.fork_rng(devices=[]):  # a plugin that touches the global RNG cannot leak into the next trial
+        # fork_rng: a plugin that touches the global RNG cannot leak into the next trial
+        with torch.random.fork_rng(devices=[]), reporting(progress):
             torch.manual_seed(derive_seed(cfg.seed, "global"))
             scores = execute(cfg, lpips_weights, device)
         truth, rec = scores.pop("_images")

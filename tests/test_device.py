@@ -1,7 +1,6 @@
 """Devices (gleak.device, `gleak run --device`): resolved in one place, refused cleanly where absent, recorded per
 trial, never part of a trial id. There is no GPU where these tests run: cuda is only ever refused here."""
 import json
-import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -80,31 +79,33 @@ def test_run_trial_cpu_and_auto_same_id_same_metrics_device_recorded(monkeypatch
         gleak.run_trial(attack="closed-form", device="cuda", **case)
 
 
-def _run(gleak_cmd, args, env):
-    return subprocess.run(gleak_cmd + args, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-
-
 @pytest.mark.skipif(not NO_CUDA, reason="refusing cuda is for machines without one")
-def test_cli_refuses_cuda_where_absent_with_one_line_and_exit_2(tmp_path, gleak_cmd, run_env):
+def test_cli_refuses_cuda_where_absent_with_one_line_and_exit_2(tmp_path, capsys):
+    from gleak.cli import main
+
+    def run(*extra):
+        code = main(["run", str(suite), "--out", str(tmp_path / "out"), "--no-progress", "--in-process", *extra])
+        return code, capsys.readouterr().err
+
     suite = tmp_path / "dev.toml"
     suite.write_text(SUITE.format(device=""))
-    r = _run(gleak_cmd, ["run", str(suite), "--device", "cuda", "--out", str(tmp_path / "out"), "--no-progress"], run_env)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "--device: cuda asked for" in r.stderr and not (tmp_path / "out").exists()
+    code, err = run("--device", "cuda")
+    assert code == 2 and err.count("\n") == 1 and "--device: cuda asked for" in err, err
     suite.write_text(SUITE.format(device='device = "cuda:0"'))  # the suite asks: the message names its file and key
-    r = _run(gleak_cmd, ["run", str(suite), "--out", str(tmp_path / "out"), "--no-progress"], run_env)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "[suite] device: cuda:0 asked for" in r.stderr, r.stderr
-    assert str(suite) in r.stderr and not (tmp_path / "out").exists()
+    code, err = run()
+    assert code == 2 and err.count("\n") == 1 and f"{suite}: [suite] device: cuda:0 asked for" in err, err
     suite.write_text(SUITE.format(device='device = "gpu"'))  # not a device name: refused at validation
-    r = _run(gleak_cmd, ["run", str(suite), "--out", str(tmp_path / "out"), "--no-progress"], run_env)
-    assert r.returncode == 2 and "device" in r.stderr and "'gpu'" in r.stderr and not (tmp_path / "out").exists()
+    code, err = run()
+    assert code == 2 and "device" in err and "'gpu'" in err, err
+    assert not (tmp_path / "out").exists()
 
 
-def test_cli_device_auto_records_the_device_and_keeps_the_cpu_ids(tmp_path, gleak_cmd, run_env):
+def test_cli_device_auto_records_the_device_and_keeps_the_cpu_ids(tmp_path):
+    from gleak.cli import main
+
     suite = tmp_path / "dev.toml"
     suite.write_text(SUITE.format(device='device = "cpu"'))
-    r = _run(gleak_cmd, ["run", str(suite), "--device", "auto", "--out", str(tmp_path / "auto"), "--no-progress"], run_env)
-    assert r.returncode == 0, r.stderr
+    assert main(["run", str(suite), "--device", "auto", "--out", str(tmp_path / "auto"), "--no-progress", "--in-process"]) == 0
     df = pd.read_csv(tmp_path / "auto" / "results.csv")
     expected = "cuda:0" if not NO_CUDA else "cpu"
     assert [json.loads(e)["device"] for e in df["extra"]] == [expected] * 2
