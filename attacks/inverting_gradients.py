@@ -185,6 +185,14 @@ class InvertingGradients(Attack):
         losses = torch.stack([self._final_loss(model, params, xr, y, target, target_norm) for xr in x])
         return x, losses, y, extra
 
+    @classmethod
+    def estimated_cost(cls, params: dict, case) -> float:
+        """One gradient-matching evaluation per iteration and restart; the preset's iterations where `iterations`
+        is None (the default estimate read None as one iteration: 24,000 times too little for the paper preset)."""
+        p = {"preset": "paper", "iterations": None, "restarts": 1, **params}
+        iterations = p["iterations"] if p["iterations"] is not None else PRESETS[p["preset"]][0]
+        return float(iterations) * float(p["restarts"])
+
     def _use_vmap(self, model: nn.Module, params: list[nn.Parameter]) -> bool:
         if self.batch_restarts == "loop":
             return False

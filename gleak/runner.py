@@ -14,6 +14,7 @@ trial to the store at once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import sys
@@ -49,40 +50,37 @@ class RunSummary:
 
 # -- cost estimates -----------------------------------------------------------------------------------------------
 def _model_pass_cost(case: CaseConfig) -> float:
-    """Floating-point operations of one forward and backward pass of the case's model on one client batch: three
-    times the forward's multiply-adds in its linear and convolution layers (counted by hooks during one forward of a
-    single zero input), plus a few per parameter for what works on the whole update (defenses, distances). Falls back
-    to a guess from the batch size when that fails."""
+    """Floating-point operations of one forward and backward pass of the case's model on one client batch, counted by
+    torch.utils.flop_counter.FlopCounterMode on one input (`_pass_flops`, once per model shape) times the batch size,
+    plus a few per parameter for what works on the whole update (defenses, distances). Falls back to a guess from
+    the batch size when that fails."""
     try:
-        import torch
-        from torch import nn
-
         from gleak.data import load_dataset
-        from gleak.models import create_model
 
         ds = load_dataset(case.dataset, root=case.data_root, resolution=case.resolution, channels=case.channels,
                           download=case.download)  # fmt: skip  # cached: the suite loaded it to validate
-        dtype = torch.float64 if case.dtype == "float64" else torch.float32
-        # A real model (torch's meta device would avoid the initialisation but imports its compiler, seconds).
-        model = create_model(case.model, ds.input_shape, ds.num_classes, seed=0, dtype=dtype, **case.model_params).eval()
-        macs = 0
-
-        def count(m: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
-            nonlocal macs
-            if isinstance(m, nn.Linear):
-                macs += out.numel() * m.in_features
-            else:  # a convolution: every output element reads in_channels / groups x kernel values
-                macs += out.numel() * (m.in_channels // m.groups) * math.prod(m.kernel_size)
-
-        for m in model.modules():
-            if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-                m.register_forward_hook(count)
-        with torch.no_grad():
-            model(torch.zeros((1, *ds.input_shape), dtype=dtype))
-        params = sum(p.numel() for p in model.parameters())
-        return (6.0 * macs * case.batch_size + 20.0 * params) * (2 if dtype == torch.float64 else 1)
+        flops, params = _pass_flops(case.model, json.dumps(case.model_params, sort_keys=True), tuple(ds.input_shape),
+                                    ds.num_classes, case.dtype)  # fmt: skip
+        return (flops * case.batch_size + 20.0 * params) * (2 if case.dtype == "float64" else 1)
     except Exception:  # noqa: BLE001 - an estimate only: never let it stop a run
         return 1e6 * case.batch_size
+
+
+@functools.lru_cache(maxsize=None)
+def _pass_flops(model: str, model_params: str, input_shape: tuple[int, ...], classes: int, dtype: str) -> tuple[float, int]:
+    """(flops of one forward and backward pass on a single input, parameters) of a model, as FlopCounterMode counts
+    them (the operations torch runs, convolutions and matrix products). The model runs on torch's meta device: no
+    arithmetic, so a ResNet costs ~0.5 s to count, not its pass on the CPU."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gleak.models import create_model
+
+    dt = torch.float64 if dtype == "float64" else torch.float32
+    net = create_model(model, input_shape, classes, seed=0, dtype=dt, **json.loads(model_params)).to("meta")
+    with FlopCounterMode(display=False) as counter:
+        net(torch.zeros((1, *input_shape), dtype=dt, device="meta")).sum().backward()
+    return float(counter.get_total_flops()), sum(p.numel() for p in net.parameters())
 
 
 def _plugin_cost(kind: str, name: str, params: dict[str, Any], case: CaseConfig) -> float:
