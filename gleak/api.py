@@ -156,7 +156,7 @@ def trial_config(attack: Any, defense: Any = "none", protocol: Any = None, seed:
         raise InputError(f"gleak.run_trial: seed must be an integer, got {seed!r}")
     spec = _with_protocol({"case": case, "attack": [_table(attack, "attack")], "defense": [_table(defense, "defense")]},
                           protocol)  # fmt: skip
-    trials = _suite._grid(spec, _suite._Where(Path("gleak.run_trial")), "suite", API_SUITE, [seed])
+    trials = _suite.expand_grid(spec, _suite.Where(Path("gleak.run_trial")), "suite", API_SUITE, [seed])
     if len(trials) != 1:
         raise InputError(f"gleak.run_trial: these arguments expand to {len(trials)} trials (a list value is a grid); "
                          "run a grid with gleak.run and a suite file")  # fmt: skip

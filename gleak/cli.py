@@ -271,7 +271,7 @@ def show_text(kind: str, name: str) -> str:
     width = max((len(p.name) for p in shown), default=0)
     for p in shown:
         default = "required" if p.default is inspect.Parameter.empty else f"default {p.default!r}"
-        lines.append(f"  {p.name:<{width}}  {registry._type_name(p.annotation)}; {default}")
+        lines.append(f"  {p.name:<{width}}  {registry.type_name(p.annotation)}; {default}")
     if not shown:
         lines.append("  (none)")
     if found in ("attack", "defense"):

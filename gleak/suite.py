@@ -70,8 +70,8 @@ def _close(key: str, known: typing.Iterable[str]) -> str:
     return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
-class _Where:
-    """Builds the one-line errors: 'FILE: [table] key 'k': problem'."""
+class Where:
+    """Builds the one-line errors: 'FILE: [table] key 'k': problem' (public: gleak.api names its own 'file')."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -79,6 +79,9 @@ class _Where:
     def error(self, table: str, key: str | None, problem: str) -> InputError:
         k = f" key {key!r}" if key else ""
         return InputError(f"{self.path}: [{table}]{k}: {problem}")
+
+
+_Where = Where  # the name this module's validators use
 
 
 def find_suite(name_or_path: str | None) -> Path:
@@ -300,7 +303,9 @@ def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
             raise where.error(table, "batch_size", f"batch_size x clients = {need} exceeds the {len(ds)} samples of {c.dataset!r}")
 
 
-def _grid(spec: dict[str, Any], where: _Where, table: str, suite_name: str, seeds: list[int]) -> list[TrialConfig]:
+def expand_grid(spec: dict[str, Any], where: Where, table: str, suite_name: str, seeds: list[int]) -> list[TrialConfig]:
+    """The trials of one grid (`spec`: its case, attack and defense tables) for `seeds`, validated, defaults filled:
+    what a suite's top level or one [[grid]] expands to (gleak.api.run_trial expands its arguments with it too)."""
     cases = _cases(spec.get("case"), where, f"{table}.case" if table != "suite" else "case")
     _check_data(cases, where, f"{table}.case" if table != "suite" else "case")
     attacks = _plugins("attack", spec.get("attack"), where, "attack" if table == "suite" else table)
@@ -314,6 +319,9 @@ def _grid(spec: dict[str, Any], where: _Where, table: str, suite_name: str, seed
                               f"{case.protocol!r}: name the protocol once")  # fmt: skip
         trials.append(TrialConfig(suite_name, a, ap, d, dp, case, seed))
     return trials
+
+
+_grid = expand_grid  # the name this module uses
 
 
 def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Suite:
