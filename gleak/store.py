@@ -286,13 +286,18 @@ class Store:
     def set_membership(self, trials: Iterable[TrialConfig]) -> None:
         """Record which trials (and in which order) the folder's suite holds now; trial rows are untouched."""
         rows = [(i, t.trial_id) for i, t in enumerate(trials)]
+        if self.db.execute("SELECT position, trial_id FROM membership ORDER BY position").fetchall() == rows:
+            return  # unchanged: a rerun with nothing to do leaves the file as it was (a committed store stays clean)
         with self.db:
             self.db.execute("BEGIN")
             self.db.execute("DELETE FROM membership")
             self.db.executemany("INSERT INTO membership VALUES (?, ?)", rows)
 
     def set_meta(self, key: str, value: Any) -> None:
-        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, _json(value)))
+        text = _json(value)
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        if row is None or row[0] != text:  # unchanged: no write (see set_membership)
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, text))
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
