@@ -27,11 +27,11 @@ def test_image_grid_layout_padding_scale_and_a_short_row():
 
 
 def test_markdown_table_keeps_the_cells_as_formatted():
-    text = _md_table(["defense", "psnr", "verdict"], [["none", "1.50", "recovered"], ["topk (ratio=0.9)", "-", "10,000"]])
+    text = _md_table(["defense", "psnr", "verdict"], [["none", "1.50", "recovered"], ["topk (ratio=0.9)", "12.0", "10,000"]])
     lines = text.splitlines()
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
     assert cells[0] == ["defense", "psnr", "verdict"] and set("".join(cells[1])) <= {"-"}
-    assert cells[2:] == [["none", "1.50", "recovered"], ["topk (ratio=0.9)", "-", "10,000"]]  # 1.50 not 1.5
+    assert cells[2:] == [["none", "1.50", "recovered"], ["topk (ratio=0.9)", "12.0", "10,000"]]  # 1.50 not 1.5
     assert all(ln.startswith("| ") and ln.endswith(" |") for ln in lines if not ln.startswith("|-"))
 
 
