@@ -191,10 +191,13 @@ def run_utility(
             setup = utility_setup(cfg, defense, params, protocol)
             protocol: Protocol = create("protocol", setup.protocol, **setup.protocol_params)
             d = create("defense", setup.defense, **setup.defense_params)
+            own = type(protocol).train_utility is not Protocol.train_utility
+            if own:  # a protocol's own training engine (CGD) keeps its tensors where it made them: on the CPU
+                device = extra["device"] = "cpu"
             with devices.use(device):
                 result = protocol.train_utility(cfg, train, test, generator(cfg.seed, "utility-protocol"),
                                                 defense=(setup.defense, setup.defense_params), on_round=on_round)  # fmt: skip
-            if type(protocol).train_utility is not Protocol.train_utility:
+            if own:
                 extra["trained_by"] = "train_utility"
             if "accuracy" not in result:
                 raise ValueError(f"protocol {setup.protocol!r}: train_utility returned no 'accuracy'")
