@@ -30,6 +30,7 @@ from gleak.errors import UnsupportedCase
 from gleak.plugin import Attack
 from gleak.registry import register_attack
 from gleak.threat import Observation, Reconstruction
+from gleak.progress import report as report_progress
 
 DLGLabels = Literal["soft", "idlg", "bias-sign", "row-sign", "count-aware", "given"]
 
@@ -176,6 +177,7 @@ class DLG(Attack):
         stopped_at = -1
         for step in range(self.iterations):
             loss = opt.step(closure)
+            report_progress(step + 1, self.iterations, loss)
             if not (math.isfinite(float(loss.detach())) and all(bool(torch.isfinite(v).all()) for v in variables)):
                 stopped_at = step
                 break

@@ -31,6 +31,7 @@ from gleak.errors import UnsupportedCase
 from gleak.plugin import Attack, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Observation, Reconstruction
+from gleak.progress import report as report_progress
 
 GILabels = Literal["yin", "idlg", "bias-sign", "row-sign", "count-aware", "given"]
 LABELS = ("yin", *FIXED_LABELS)
@@ -185,6 +186,7 @@ class GradInversion(Attack):
                     (grad_x[r],) = torch.autograd.grad(obj, xr)
                 x.grad = grad_x
                 opt.step()
+                report_progress(step + 1, self.iterations)
                 with torch.no_grad():
                     if self.noise > 0:
                         x.add_(torch.randn(x.shape, generator=rng, dtype=dtype), alpha=lr_now * self.noise)

@@ -34,6 +34,7 @@ from gleak.errors import UnsupportedCase
 from gleak.plugin import Attack, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Observation, Reconstruction
+from gleak.progress import report as report_progress
 
 # (iterations, alpha_TV). "breaching": its TV scale 0.2 is applied to the mean of the two directional terms, which
 # is 0.1 on the sum used here (breaching's config says so), over 24,000 iterations.
@@ -203,6 +204,7 @@ class InvertingGradients(Attack):
                 for group in opt.param_groups:
                     group["lr"] = self.lr * 0.1 ** sum(i >= m for m in marks)
             g, _ = grad_fn(x.detach())
+            report_progress(i + 1, self.n_iterations, _)  # _: the cosine distance of each restart
             x.grad = g.sign_() if self.signed else g
             opt.step()
             if self.boxed:
@@ -211,6 +213,14 @@ class InvertingGradients(Attack):
         x = x.detach()
         losses = torch.stack([self._final_loss(model, params, xr, y, target, target_norm, box) for xr in x])
         return x, losses, y, extra
+
+    @classmethod
+    def estimated_cost(cls, params: dict, case) -> float:
+        """One gradient-matching evaluation per iteration and restart; the preset's iterations where `iterations`
+        is None (the default estimate read None as one iteration: 24,000 times too little for the paper preset)."""
+        p = {"preset": "paper", "iterations": None, "restarts": 1, **params}
+        iterations = p["iterations"] if p["iterations"] is not None else PRESETS[p["preset"]][0]
+        return float(iterations) * float(p["restarts"])
 
     def _use_vmap(self, model: nn.Module, params: list[nn.Parameter]) -> bool:
         if self.batch_restarts == "loop":

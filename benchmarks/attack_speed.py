@@ -1,6 +1,6 @@
 """How fast gleak's optimisation attacks run against the floor of the same computation written by hand in raw torch.
 
-    python benchmarks/attack_speed.py [--threads 1] [--repeats 5] [--skip-rss]
+    python benchmarks/attack_speed.py [--threads 1] [--repeats 5] [--skip-rss] [--device auto|cpu|cuda[:N]]
 
 Prints, measured in this run:
 1. ms per iteration of gleak's inverting-gradients (one signed-Adam step) and dlg (one L-BFGS closure evaluation) on
@@ -13,7 +13,9 @@ Prints, measured in this run:
    (batch_restarts = "vmap" vs "loop"), and which one batch_restarts = "auto" picks.
 3. Peak RSS of one inverting-gradients trial on ResNet-18 at batch size 8 in a fresh process (target < 4 GiB).
    Peak memory does not grow with iterations (each iteration frees its graph), so a few iterations measure it.
-Clock: CPU time of this process when --threads is 1 (stable under other load), wall time otherwise.
+Clock: CPU time of this process when --threads is 1 (stable under other load), wall time otherwise; on a GPU
+(--device cuda), wall time after torch.cuda.synchronize (the kernels are asynchronous). The model, the batch and the
+attacks run on --device (gleak.device.use; default cpu).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gleak  # noqa: E402
+from gleak import device as devices  # noqa: E402
 from gleak.config import derive_seed  # noqa: E402
 from gleak.data import load_dataset  # noqa: E402
 from gleak.models import create_model  # noqa: E402
@@ -49,6 +52,8 @@ def observation(model_name: str, batch_size: int, mode: str = "eval") -> tuple[O
     batch = ClientBatch(ds.normalized(idx), ds.y[idx], ds.mean, ds.std)
     model = create_model(model_name, ds.input_shape, ds.num_classes, seed=derive_seed(0, "model"))
     model.train(mode == "train")
+    model = devices.to_device(model)  # the device of the run (main's gleak.device.use)
+    batch = ClientBatch(devices.to_device(batch.x), devices.to_device(batch.y), batch.mean, batch.std)
     k = Knowledge(ds.input_shape, ds.num_classes, batch_size=batch_size, mean=ds.mean, std=ds.std)
     return Observation(fedsgd_update(model, batch), k, copy.deepcopy(model)), batch
 
@@ -199,14 +204,14 @@ from gleak.trial import execute
 case = CaseConfig(dataset="skimage", model="resnet18", batch_size=8, model_mode="eval")
 cfg = TrialConfig("bench", "inverting-gradients", {{"preset": "code", "iterations": {its}, "labels": "given"}}, "none", {{}}, case, 0)
 t0 = time.perf_counter()
-s = execute(cfg)
+s = execute(cfg, device={device!r})
 print(json.dumps({{"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "seconds": time.perf_counter() - t0,
                   "psnr": s["psnr"]}}))
 """
 
 
 def peak_rss(args) -> dict:
-    code = RSS_CHILD.format(root=str(ROOT), threads=args.threads, its=args.rss_iterations)
+    code = RSS_CHILD.format(root=str(ROOT), threads=args.threads, its=args.rss_iterations, device=args.device)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -220,11 +225,26 @@ def main() -> int:
     p.add_argument("--resnet-iterations", type=int, default=5)
     p.add_argument("--rss-iterations", type=int, default=3)
     p.add_argument("--skip-rss", action="store_true")
+    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:N (default cpu)")
     args = p.parse_args()
+    from gleak.errors import InputError
+
+    try:
+        args.device = devices.resolve(args.device)
+    except InputError as exc:
+        print(f"attack_speed: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     now = clock(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), clock: {'CPU time' if args.threads == 1 else 'wall'}, "
-          f"best of {args.repeats}")  # fmt: skip
+    if args.device != "cpu":
+        now = lambda: (torch.cuda.synchronize(), time.perf_counter())[1]  # noqa: E731
+    print(f"torch {torch.__version__}, {args.threads} thread(s), device {args.device}, clock: "
+          f"{'CPU time' if args.threads == 1 and args.device == 'cpu' else 'wall'}, best of {args.repeats}")  # fmt: skip
+    with devices.use(args.device):
+        return _measure(args, now)
+
+
+def _measure(args, now) -> int:
 
     print("\n## ms per iteration: gleak vs the raw-torch floor (target ratio <= 1.15)")
     worst = 0.0

@@ -9,6 +9,7 @@ The public API in one place (gleak.api; README "Python")::
     r.metrics["psnr"], r.truth, r.reconstruction   # a TrialResult; r.plot() draws truth above reconstruction
     gleak.run_trial(config)                        # or a gleak.config.TrialConfig
     s = gleak.run("quick", out="/tmp/q")           # a suite, as `gleak run` (a RunResult: counts, out, rows)
+    gleak.run_trial(attack="dlg", device="auto")   # device: auto, cpu, cuda[:N] (gleak.device; not in the trial id)
     df = gleak.results("results/quick")            # an output folder as a DataFrame, one column per parameter
     gleak.list_datasets()                          # data sets; gleak.register_dataset adds one
 """

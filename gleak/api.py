@@ -156,7 +156,7 @@ def trial_config(attack: Any, defense: Any = "none", protocol: Any = None, seed:
         raise InputError(f"gleak.run_trial: seed must be an integer, got {seed!r}")
     spec = _with_protocol({"case": case, "attack": [_table(attack, "attack")], "defense": [_table(defense, "defense")]},
                           protocol)  # fmt: skip
-    trials = _suite._grid(spec, _suite._Where(Path("gleak.run_trial")), "suite", API_SUITE, [seed])
+    trials = _suite.expand_grid(spec, _suite.Where(Path("gleak.run_trial")), "suite", API_SUITE, [seed])
     if len(trials) != 1:
         raise InputError(f"gleak.run_trial: these arguments expand to {len(trials)} trials (a list value is a grid); "
                          "run a grid with gleak.run and a suite file")  # fmt: skip
@@ -173,6 +173,7 @@ def run_trial(
     threads: int | None = 1,
     lpips_weights: str | None = None,
     check: bool = True,
+    device: str = "cpu",
     **case: Any,
 ) -> TrialResult:
     """Run one trial in this process and return its TrialResult.
@@ -180,12 +181,15 @@ def run_trial(
     Either a TrialConfig, or attack / defense (a registered name, or a dict {"name": ..., parameter: value}),
     protocol (None: the default FedSGD round), seed and the [case] keys (dataset, model, batch_size, ...).
     threads: torch threads during the trial (1, the default of `gleak run`, gives the suite's bit-identical
-    numbers; None leaves torch's setting). check: raise TrialFailed when the trial fails (UnsupportedCase when it is
+    numbers; None leaves torch's setting). device: auto, cpu, cuda or cuda:N (gleak.device; not part of the trial
+    id, recorded in result.extra["device"]). check: raise TrialFailed when the trial fails (UnsupportedCase when it is
     not applicable: status "not-applicable"), else return the result with its row."""
     import torch
 
+    from gleak.device import resolve
     from gleak.trial import run_trial as _run_trial
 
+    device = resolve(device, "gleak.run_trial: device")
     if config is None:
         if attack is None:
             raise InputError("gleak.run_trial: give a TrialConfig or attack=NAME")
@@ -201,7 +205,7 @@ def run_trial(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        row = _run_trial(config, lpips_weights, None, on_images=keep)
+        row = _run_trial(config, lpips_weights, None, on_images=keep, device=device)
     finally:
         torch.set_num_threads(previous)
     if check and row["status"] == NOT_APPLICABLE:
@@ -253,10 +257,12 @@ def run(
     progress: bool = True,
     plugins: tuple[str, ...] | list[str] = (),
     lpips_weights: str | None = None,
+    device: str | None = None,
 ) -> RunResult:
     """Run a suite as `gleak run` does (validated first, stored trials skipped, reports written) and return a
     RunResult. suite: a path, a shipped suite's name (default quick) or a gleak.suite.Suite; out: the output folder
-    (default results/<suite name>/, as on the command line); workers: local processes, or 'auto'."""
+    (default results/<suite name>/, as on the command line); workers: local processes, or 'auto'; device: as
+    `gleak run --device` (None: the suite's [suite] device, else cpu)."""
     from gleak.registry import load_plugin_file
     from gleak.runner import run_suite
     from gleak.suite import Suite, find_suite, load_suite
@@ -271,7 +277,7 @@ def run(
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError(f"gleak.run: workers must be a number >= 1 or 'auto', got {workers!r}")
     summary = run_suite(s, out, workers=workers, progress=progress, lpips_weights=lpips_weights, threads=threads,
-                        executor=executor, plugin_files=tuple(str(Path(f).resolve()) for f in plugins))  # fmt: skip
+                        executor=executor, plugin_files=tuple(str(Path(f).resolve()) for f in plugins), device=device)  # fmt: skip
     from gleak.folder import write_reports
 
     write_reports(summary.out, s.name, s.description)  # as `gleak run` does once the run has stored everything

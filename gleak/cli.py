@@ -2,7 +2,7 @@
 
     gleak run [SUITE] [--out DIR] [--workers N] [--plugin FILE]   run a suite (default: suites/quick.toml)
               [--threads T] [--executor local|ray] [--address ADDR]
-              [--trial-timeout S] [--in-process] [--force]
+              [--trial-timeout S] [--in-process] [--force] [--device auto|cpu|cuda[:N]] [--verbose]
     gleak leaderboard DIR                                         regenerate results.csv and the leaderboards
     gleak plot DIR                                                regenerate the figures (DIR/figures/*.png)
     gleak rescore DIR [--metrics lpips,...] [--lpips-backbone F]  recompute metrics from the stored reconstructions
@@ -75,6 +75,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
     _check_lpips_env()
     workers = _parallelism(args)
+    if args.device is not None:  # before anything starts: a device that is not here is one line
+        from gleak.device import resolve
+
+        resolve(args.device)
     if args.executor == "local" and not args.in_process:
         from gleak.workers import prestart
 
@@ -97,7 +101,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         suite, out, workers=workers, progress=not args.no_progress, lpips_weights=args.lpips_backbone,
         threads=args.threads, executor=args.executor, address=args.address,
         plugin_files=tuple(str(Path(f).resolve()) for f in args.plugin or ()), on_start=announce,
-        in_process=args.in_process, trial_timeout=args.trial_timeout, force=args.force,
+        in_process=args.in_process, trial_timeout=args.trial_timeout, force=args.force, device=args.device,
+        verbose=args.verbose,
     )  # fmt: skip
     from gleak.folder import write_reports
 
@@ -266,7 +271,7 @@ def show_text(kind: str, name: str) -> str:
     width = max((len(p.name) for p in shown), default=0)
     for p in shown:
         default = "required" if p.default is inspect.Parameter.empty else f"default {p.default!r}"
-        lines.append(f"  {p.name:<{width}}  {registry._type_name(p.annotation)}; {default}")
+        lines.append(f"  {p.name:<{width}}  {registry.type_name(p.annotation)}; {default}")
     if not shown:
         lines.append("  (none)")
     if found in ("attack", "defense"):
@@ -349,6 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "as failed (default: from its cost estimate, at least 15 min; 0: no limit; local workers only)")  # fmt: skip
     r.add_argument("--in-process", action="store_true", help="run trials in this process (for debugging a plugin: a "
                    "crash, exit or hang of one trial then stops the run)")  # fmt: skip
+    r.add_argument("--device", help="where trials and utility runs compute: auto (cuda if available, else cpu), cpu, "
+                   "cuda or cuda:N (default: the suite's [suite] device, else cpu); not part of the trial ids, "
+                   "recorded per trial (extra.device)")  # fmt: skip
+    r.add_argument("--verbose", action="store_true", help="each trial prints its attack's iterations to stderr "
+                   "(trial, iteration/total, loss), every tenth of the iterations")  # fmt: skip
     r.add_argument("--force", action="store_true", help="write into a non-empty folder that is not gleak's (gleak "
                    "adds its files beside the others and never touches them)")  # fmt: skip
     r.set_defaults(func=cmd_run)

@@ -13,19 +13,21 @@ from torch import Tensor
 
 
 def image_grid(rows: list[Tensor], scale: int = 4, pad: int = 2) -> np.ndarray:
-    """Stack rows of (N, C, H, W) images in [0, 1] into one uint8 RGB array, upscaled by `scale` (nearest)."""
+    """Stack rows of (N, C, H, W) images in [0, 1] into one uint8 RGB array, upscaled by `scale` (nearest), `pad`
+    white pixels around and between them (torchvision.utils.make_grid; a shorter row is filled with white images,
+    since make_grid only lays out one flat list)."""
+    import torch
+    from torchvision.utils import make_grid
+
     n = max(len(r) for r in rows)
-    c, h, w = rows[0].shape[1:]
-    hs, ws = h * scale, w * scale
-    canvas = np.full((len(rows) * (hs + pad) + pad, n * (ws + pad) + pad, 3), 255, dtype=np.uint8)
-    for i, r in enumerate(rows):
-        for j, img in enumerate(r):
-            a = img.detach().double().clamp(0, 1).cpu().numpy()
-            a = np.repeat(a, 3, axis=0) if a.shape[0] == 1 else a[:3]
-            a = np.moveaxis(a, 0, -1).repeat(scale, 0).repeat(scale, 1)
-            y, x = pad + i * (hs + pad), pad + j * (ws + pad)
-            canvas[y : y + hs, x : x + ws] = (a * 255).round().astype(np.uint8)
-    return canvas
+    cells = []
+    for r in rows:
+        r = r.detach().double().clamp(0, 1).cpu()
+        r = r.expand(-1, 3, -1, -1) if r.shape[1] == 1 else r[:, :3]
+        r = r.repeat_interleave(scale, -2).repeat_interleave(scale, -1)
+        cells += [*r, *torch.ones((n - len(r), *r.shape[1:]), dtype=r.dtype)]
+    grid = make_grid(cells, nrow=n, padding=pad, pad_value=1.0)
+    return (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -12,7 +12,6 @@ for the one that trains instead of training again.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
 import json
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from torch import nn
 
 from gleak.config import CaseConfig, derive_seed, generator
@@ -79,26 +79,22 @@ def trained_state(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype) -> tup
     folder = cache_dir() / "models"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key}.pt"
-    with open(folder / f"{key}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here, then finds the file
-        try:
-            if path.is_file():
-                saved = torch.load(path, map_location="cpu", weights_only=True)
-                state, info = saved["state"], saved["info"]
-            else:
-                model = create_model(
-                    case.model, ds.input_shape, ds.num_classes, seed=derive_seed(case.train_seed, "pretrain-init"),
-                    dtype=dtype, **case.model_params,
-                )  # fmt: skip
-                info = train(model, ds, case)
-                state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                buf = io.BytesIO()
-                torch.save({"state": state, "info": info, "key": key}, buf)
-                from gleak.figures import atomic_write_bytes
+    with FileLock(folder / f"{key}.lock", thread_local=False):  # a second worker waits here, then finds the file
+        if path.is_file():
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            state, info = saved["state"], saved["info"]
+        else:
+            model = create_model(
+                case.model, ds.input_shape, ds.num_classes, seed=derive_seed(case.train_seed, "pretrain-init"),
+                dtype=dtype, **case.model_params,
+            )  # fmt: skip
+            info = train(model, ds, case)
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            buf = io.BytesIO()
+            torch.save({"state": state, "info": info, "key": key}, buf)
+            from gleak.figures import atomic_write_bytes
 
-                atomic_write_bytes(path, buf.getvalue())
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            atomic_write_bytes(path, buf.getvalue())
     _MEMORY[key] = (state, info)
     return state, info
 

@@ -97,10 +97,14 @@ def _signature_params(obj: Callable[..., Any]) -> dict[str, Param]:
     return out
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
+    """A parameter's annotation as a user reads it: 'int', "one of 'a', 'b'" for a Literal."""
     if typing.get_origin(tp) is typing.Literal:  # name the allowed values, not "Literal"
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+_type_name = type_name  # the name this module uses
 
 
 def _finite(value: float | int) -> bool:

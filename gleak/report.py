@@ -325,9 +325,11 @@ def _case_text(r: Any) -> str:
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+    """A GitHub-flavoured Markdown table (tabulate). The cells are text already formatted (numbers to their shown
+    precision, escaped): disable_numparse keeps tabulate from reformatting or realigning them as numbers."""
+    from tabulate import tabulate
+
+    return tabulate(rows, headers=header, tablefmt="github", disable_numparse=True)
 
 
 def _extras_text(d: dict[str, float]) -> str:
@@ -616,59 +618,87 @@ def _html_inline(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
 
 
-def _html_cell(value: str, header: str) -> str:
-    import html
+def _cell_class(value: str, header: str) -> str:
+    """The CSS classes of a table cell: num for a number, verdict-* for a verdict."""
     import re
 
-    v = html.escape(value)
     cls = []
     if re.fullmatch(r"[-+]?(\d[\d.,]*(e[-+]?\d+)?%?|inf)", value.strip()):
         cls.append("num")
     for word in ("recovered", "partial", "defended"):
         if header in ("verdict",) and value == word or re.search(rf"\({word}\)$", value):
             cls.append(f"verdict-{word}")
-    return f"<td{' class=' + chr(34) + ' '.join(cls) + chr(34) if cls else ''}>{v}</td>"
+    return " ".join(cls)
+
+
+# The page (jinja2, autoescaped): texts that may hold `code` spans arrive as Markup from _html_inline, everything else
+# is escaped by the template. trim_blocks/lstrip_blocks: one line per element, as a hand-written page would have.
+_HTML_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ title }}</title>
+<style>{{ style | safe }}</style>
+</head>
+<body>
+{% for b in blocks %}
+{% if b.kind in ("h1", "h2", "h3") %}
+<{{ b.kind }}>{{ b.text }}</{{ b.kind }}>
+{% elif b.kind == "p" %}
+<p>{{ b.text }}</p>
+{% elif b.kind == "table" %}
+<div class="scroll"><table>
+<thead><tr>{% for h in b.header %}<th>{{ h }}</th>{% endfor %}</tr></thead><tbody>
+{% for row in b.rows %}
+<tr>{% for value, cls in row %}<td{% if cls %} class="{{ cls }}"{% endif %}>{{ value }}</td>{% endfor %}</tr>
+{% endfor %}
+</tbody></table></div>
+{% elif b.kind == "list" %}
+<ul>{% for item in b.entries %}<li>{{ item }}</li>{% endfor %}</ul>
+{% elif b.kind == "figure" and b.uri %}
+<figure><img src="{{ b.uri }}" alt="{{ b.alt }}"><figcaption>{{ b.caption }}</figcaption></figure>
+{% elif b.kind == "figure" %}
+<p>Figure not embedded (page size limit): {{ b.name }}. {{ b.caption }}</p>
+{% endif %}
+{% endfor %}
+</body>
+</html>
+"""
 
 
 def render_html(doc: list[tuple], folder: Path, max_embed_bytes: int = 3 << 20) -> str:
     """A self-contained page: inline CSS, figures embedded as data URIs (no file or network reference)."""
     import base64
-    import html
 
-    title = next((b[1] for b in doc if b[0] == "h1"), "gleak leaderboard")
-    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-           '<meta name="viewport" content="width=device-width, initial-scale=1">', f"<title>{html.escape(title)}</title>",
-           f"<style>{_HTML_STYLE}</style>", "</head>", "<body>"]  # fmt: skip
+    import jinja2
+    from markupsafe import Markup
+
+    blocks: list[dict[str, Any]] = []
     embedded = 0
     for block in doc:
         kind = block[0]
-        if kind in ("h1", "h2", "h3"):
-            out.append(f"<{kind}>{_html_inline(block[1])}</{kind}>")
-        elif kind == "p":
-            out.append(f"<p>{_html_inline(block[1])}</p>")
+        if kind in ("h1", "h2", "h3", "p"):
+            blocks.append({"kind": kind, "text": Markup(_html_inline(block[1]))})
         elif kind == "table":
-            header, rows = block[1], block[2]
-            out.append('<div class="scroll"><table>')
-            out.append("<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead><tbody>")
-            for r in rows:
-                out.append("<tr>" + "".join(_html_cell(c, h) for c, h in zip(r, header)) + "</tr>")
-            out.append("</tbody></table></div>")
+            header = block[1]
+            rows = [[(c, _cell_class(c, h)) for c, h in zip(r, header)] for r in block[2]]
+            blocks.append({"kind": kind, "header": header, "rows": rows})
         elif kind == "list":
-            out.append("<ul>" + "".join(f"<li>{_html_inline(i)}</li>" for i in block[1]) + "</ul>")
+            blocks.append({"kind": kind, "entries": [Markup(_html_inline(i)) for i in block[1]]})
         elif kind == "figure":
             f = folder / block[1]
             if not f.is_file():
                 continue
             data = f.read_bytes()
-            cap = _html_inline(block[2])
-            if embedded + len(data) > max_embed_bytes:
-                out.append(f"<p>Figure not embedded (page size limit): {html.escape(block[1])}. {cap}</p>")
-                continue
-            embedded += len(data)
-            uri = "data:image/png;base64," + base64.b64encode(data).decode()
-            out.append(f'<figure><img src="{uri}" alt="{html.escape(block[2])}"><figcaption>{cap}</figcaption></figure>')
-    out += ["</body>", "</html>", ""]
-    return "\n".join(out)
+            fig = {"kind": kind, "name": block[1], "alt": block[2], "caption": Markup(_html_inline(block[2])), "uri": None}
+            if embedded + len(data) <= max_embed_bytes:
+                embedded += len(data)
+                fig["uri"] = "data:image/png;base64," + base64.b64encode(data).decode()
+            blocks.append(fig)
+    env = jinja2.Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    title = next((b[1] for b in doc if b[0] == "h1"), "gleak leaderboard")
+    return env.from_string(_HTML_PAGE).render(title=title, style=_HTML_STYLE, blocks=blocks)
 
 
 def leaderboard_markdown(

@@ -14,6 +14,7 @@ trial to the store at once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import sys
@@ -49,40 +50,37 @@ class RunSummary:
 
 # -- cost estimates -----------------------------------------------------------------------------------------------
 def _model_pass_cost(case: CaseConfig) -> float:
-    """Floating-point operations of one forward and backward pass of the case's model on one client batch: three
-    times the forward's multiply-adds in its linear and convolution layers (counted by hooks during one forward of a
-    single zero input), plus a few per parameter for what works on the whole update (defenses, distances). Falls back
-    to a guess from the batch size when that fails."""
+    """Floating-point operations of one forward and backward pass of the case's model on one client batch, counted by
+    torch.utils.flop_counter.FlopCounterMode on one input (`_pass_flops`, once per model shape) times the batch size,
+    plus a few per parameter for what works on the whole update (defenses, distances). Falls back to a guess from
+    the batch size when that fails."""
     try:
-        import torch
-        from torch import nn
-
         from gleak.data import load_dataset
-        from gleak.models import create_model
 
         ds = load_dataset(case.dataset, root=case.data_root, resolution=case.resolution, channels=case.channels,
                           download=case.download)  # fmt: skip  # cached: the suite loaded it to validate
-        dtype = torch.float64 if case.dtype == "float64" else torch.float32
-        # A real model (torch's meta device would avoid the initialisation but imports its compiler, seconds).
-        model = create_model(case.model, ds.input_shape, ds.num_classes, seed=0, dtype=dtype, **case.model_params).eval()
-        macs = 0
-
-        def count(m: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
-            nonlocal macs
-            if isinstance(m, nn.Linear):
-                macs += out.numel() * m.in_features
-            else:  # a convolution: every output element reads in_channels / groups x kernel values
-                macs += out.numel() * (m.in_channels // m.groups) * math.prod(m.kernel_size)
-
-        for m in model.modules():
-            if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-                m.register_forward_hook(count)
-        with torch.no_grad():
-            model(torch.zeros((1, *ds.input_shape), dtype=dtype))
-        params = sum(p.numel() for p in model.parameters())
-        return (6.0 * macs * case.batch_size + 20.0 * params) * (2 if dtype == torch.float64 else 1)
+        flops, params = _pass_flops(case.model, json.dumps(case.model_params, sort_keys=True), tuple(ds.input_shape),
+                                    ds.num_classes, case.dtype)  # fmt: skip
+        return (flops * case.batch_size + 20.0 * params) * (2 if case.dtype == "float64" else 1)
     except Exception:  # noqa: BLE001 - an estimate only: never let it stop a run
         return 1e6 * case.batch_size
+
+
+@functools.lru_cache(maxsize=None)
+def _pass_flops(model: str, model_params: str, input_shape: tuple[int, ...], classes: int, dtype: str) -> tuple[float, int]:
+    """(flops of one forward and backward pass on a single input, parameters) of a model, as FlopCounterMode counts
+    them (the operations torch runs, convolutions and matrix products). The model runs on torch's meta device: no
+    arithmetic, so a ResNet costs ~0.5 s to count, not its pass on the CPU."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gleak.models import create_model
+
+    dt = torch.float64 if dtype == "float64" else torch.float32
+    net = create_model(model, input_shape, classes, seed=0, dtype=dt, **json.loads(model_params)).to("meta")
+    with FlopCounterMode(display=False) as counter:
+        net(torch.zeros((1, *input_shape), dtype=dt, device="meta")).sum().backward()
+    return float(counter.get_total_flops()), sum(p.numel() for p in net.parameters())
 
 
 def _plugin_cost(kind: str, name: str, params: dict[str, Any], case: CaseConfig) -> float:
@@ -191,6 +189,19 @@ def plan(trials: list[TrialConfig], trial_timeout: float | None = None) -> tuple
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
+def suite_device(suite: Suite, device: str | None = None) -> str:
+    """The resolved device of a run: `device` (the caller's, e.g. --device) or else the suite's [suite] device, else
+    cpu: the shipped results were measured on the CPU, and a rerun that resumes a folder should not mix devices
+    unless asked to. InputError naming where the device was asked for when it is not a device or not here."""
+    from gleak.device import resolve
+
+    if device is not None:
+        return resolve(device, "--device")
+    if suite.device is not None:
+        return resolve(suite.device, f"{suite.path}: [suite] device")
+    return "cpu"
+
+
 def run_suite(
     suite: Suite,
     out: str | Path,
@@ -206,6 +217,8 @@ def run_suite(
     in_process: bool = False,
     trial_timeout: float | None = None,
     force: bool = False,
+    device: str | None = None,
+    verbose: bool = False,
 ) -> RunSummary:
     """Run every trial of `suite` that `out` does not already hold, and its [utility] runs. The reports are the
     caller's to write (`gleak.report.write_reports`; the CLI does it).
@@ -217,13 +230,17 @@ def run_suite(
     threads per trial. plugin_files: loaded in every worker (already loaded here). force: accept a non-empty folder
     that is not gleak's (see gleak.folder). on_start(todo, stored) is called once the folder is locked, before any
     trial runs. Raises InputError, with the folder untouched, when the folder is not one gleak may write, another
-    run holds it, its store is not gleak's, a trial is over the budget or Ray cannot start.
+    run holds it, its store is not gleak's, a trial is over the budget or Ray cannot start. device: where trials and
+    utility runs compute (auto, cpu, cuda, cuda:N; None: the suite's [suite] device, else cpu; see gleak.device);
+    InputError, before anything is touched, for a device that is not here. verbose: every trial prints its attack's
+    iterations to stderr (gleak.progress), also from worker processes and Ray tasks.
     """
     from gleak import folder as owned
 
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     out = Path(out)
+    device = suite_device(suite, device)
     costs_all, limits = plan(suite.trials, trial_timeout)  # reads nothing of the folder: bad input stops here
     with contextlib.ExitStack() as stack:
         # Read-only checks first (the folder is gleak's or empty, its store is gleak's), then the lock: a second run
@@ -254,7 +271,7 @@ def run_suite(
             on_start(len(todo), len(suite.trials) - len(todo))
         costs = {t.trial_id: costs_all[t.trial_id] for t in todo}
         todo = longest_first(todo, costs)
-        env = TrialEnv(lpips_weights, str(out / "images") if suite.save_images else None, tuple(plugin_files), threads)
+        env = TrialEnv(lpips_weights, str(out / "images") if suite.save_images else None, tuple(plugin_files), threads, device, verbose)
         bar = stack.enter_context(contextlib.closing(Progress(len(todo), sum(costs.values()), progress and bool(todo))))
         failed = 0
 
@@ -287,7 +304,7 @@ def run_suite(
         store.set_membership(suite.trials)
         from gleak.utility import run_suite_utility
 
-        util_failed = run_suite_utility(suite, store, progress, workers or 1)  # accuracy under each defense
+        util_failed = run_suite_utility(suite, store, progress, workers or 1, device)  # accuracy under each defense
         failed_total = store.failed_members()  # over the whole suite, not only this run's trials
     return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed)
 

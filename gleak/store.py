@@ -14,7 +14,6 @@ the folder's images/, never a path elsewhere.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import queue
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 from urllib.parse import quote
+
+from filelock import FileLock, Timeout
 
 from gleak.config import TrialConfig
 from gleak.errors import InputError
@@ -178,56 +179,57 @@ def _record(cfg: TrialConfig, row: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-def take_lock(folder: str | Path):
-    """Take FOLDER/.lock (an flock, released by the kernel when the process dies) or raise InputError naming the
-    process that holds it. Creates the folder and the lock file only; writes this process's id into the lock file."""
+def _busy(folder: Path, holder: str) -> InputError:
+    who = f"pid {holder}" if holder else "another process"
+    return InputError(f"{folder}: another gleak run ({who}) is writing here; wait for it to finish or use another --out")
+
+
+def _holder(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def take_lock(folder: str | Path) -> FileLock:
+    """Take FOLDER/.lock (filelock's FileLock: an flock on Unix, released by the kernel when the process dies) or
+    raise InputError naming the process that holds it. Creates the folder and the lock file only; writes this
+    process's id into the lock file (filelock leaves a lock file's contents to its holder)."""
     folder = Path(folder)
+    lock = FileLock(folder / LOCK_NAME, timeout=0, thread_local=False)  # released by the run's thread, or another
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fh = open(folder / LOCK_NAME, "a+")
+        lock.acquire()
+    except Timeout:
+        raise _busy(folder, _holder(folder / LOCK_NAME)) from None
     except OSError as exc:
         raise InputError(f"{folder}: cannot write the output folder: {exc.strerror}") from None
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.seek(0)
-        holder = fh.read().strip()
-        fh.close()
-        who = f"pid {holder}" if holder else "another process"
-        raise InputError(
-            f"{folder}: another gleak run ({who}) is writing here; wait for it to finish or use another --out"
-        ) from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(str(os.getpid()))
-    fh.flush()
-    return fh
+    (folder / LOCK_NAME).write_text(str(os.getpid()))
+    return lock
 
 
 def check_unlocked(folder: str | Path) -> None:
-    """Raise take_lock's InputError when another process holds FOLDER/.lock; reads only (the folder is not ours to
-    change yet: a run that starts while another is creating its files must say the other run is there)."""
+    """Raise take_lock's InputError when another process holds FOLDER/.lock; creates nothing (the folder is not ours
+    to change yet: a run that starts while another is creating its files must say the other run is there)."""
     path = Path(folder) / LOCK_NAME
     try:
-        fh = open(path)
-    except (OSError, ValueError):  # no lock file, or a name the folder checks reject with their own line (NUL)
+        if not path.is_file():
+            return
+    except (OSError, ValueError):  # a name the folder checks reject with their own line (NUL)
         return
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = fh.read().strip()
-            who = f"pid {holder}" if holder else "another process"
-            raise InputError(
-                f"{folder}: another gleak run ({who}) is writing here; wait for it to finish or use another --out"
-            ) from None
-        fcntl.flock(fh, fcntl.LOCK_UN)
+    probe = FileLock(path, timeout=0, thread_local=False)
+    try:
+        probe.acquire()
+    except Timeout:
+        raise _busy(Path(folder), _holder(path)) from None
+    except OSError:  # a lock file this process may not open: the folder checks that follow say what is wrong
+        return
+    probe.release()
 
 
-def release_lock(fh) -> None:
-    if fh is not None:
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        fh.close()
+def release_lock(lock: FileLock | None) -> None:
+    if lock is not None:
+        lock.release()
 
 
 class Store:
@@ -286,13 +288,18 @@ class Store:
     def set_membership(self, trials: Iterable[TrialConfig]) -> None:
         """Record which trials (and in which order) the folder's suite holds now; trial rows are untouched."""
         rows = [(i, t.trial_id) for i, t in enumerate(trials)]
+        if self.db.execute("SELECT position, trial_id FROM membership ORDER BY position").fetchall() == rows:
+            return  # unchanged: a rerun with nothing to do leaves the file as it was (a committed store stays clean)
         with self.db:
             self.db.execute("BEGIN")
             self.db.execute("DELETE FROM membership")
             self.db.executemany("INSERT INTO membership VALUES (?, ?)", rows)
 
     def set_meta(self, key: str, value: Any) -> None:
-        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, _json(value)))
+        text = _json(value)
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        if row is None or row[0] != text:  # unchanged: no write (see set_membership)
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, text))
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

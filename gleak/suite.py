@@ -1,7 +1,8 @@
 """Suites: TOML files that describe a grid of trials. Parsed, validated completely, then expanded.
 
     [suite]                      name, seeds (a list, or N for 0..N-1), description, save_images,
-                                 verdict ("margin", default, or "seed002": see gleak.metrics)
+                                 verdict ("margin", default, or "seed002": see gleak.metrics), device (auto, cpu,
+                                 cuda or cuda:N; `gleak run --device` overrides it; see gleak.device)
     [case]                       keys of gleak.config.CaseConfig; a list value expands the grid; `protocol` names
                                  the round protocol (fedsgd by default) and `protocol_params` its parameters
     [[attack]] / [[defense]]     name plus parameters; a list value expands the grid
@@ -31,7 +32,7 @@ from gleak.config import (
 )  # fmt: skip
 from gleak.errors import InputError, UnknownPluginError
 
-SUITE_KEYS = {"name", "seeds", "description", "save_images", "verdict"}
+SUITE_KEYS = {"name", "seeds", "description", "save_images", "verdict", "device"}
 TOP_TABLES = {"suite", "case", "attack", "defense", "grid", "utility", "claim"}
 GRID_KEYS = {"name", "seeds", "case", "attack", "defense"}
 MAX_SEED = 2**63
@@ -65,6 +66,7 @@ class Suite:
     utility: UtilityConfig | None = None  # the [utility] table, validated
     verdict: str = "margin"  # the verdict rule of its leaderboard (gleak.metrics.VERDICT_RULES)
     claims: list[dict[str, Any]] = field(default_factory=list)  # the [[claim]] tables, validated (gleak.claims)
+    device: str | None = None  # [suite] device, as written (gleak.device: resolved when the suite runs)
 
 
 def _close(key: str, known: typing.Iterable[str]) -> str:
@@ -72,8 +74,8 @@ def _close(key: str, known: typing.Iterable[str]) -> str:
     return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
-class _Where:
-    """Builds the one-line errors: 'FILE: [table] key 'k': problem'."""
+class Where:
+    """Builds the one-line errors: 'FILE: [table] key 'k': problem' (public: gleak.api names its own 'file')."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -81,6 +83,9 @@ class _Where:
     def error(self, table: str, key: str | None, problem: str) -> InputError:
         k = f" key {key!r}" if key else ""
         return InputError(f"{self.path}: [{table}]{k}: {problem}")
+
+
+_Where = Where  # the name this module's validators use
 
 
 def find_suite(name_or_path: str | None) -> Path:
@@ -302,7 +307,9 @@ def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
             raise where.error(table, "batch_size", f"batch_size x clients = {need} exceeds the {len(ds)} samples of {c.dataset!r}")
 
 
-def _grid(spec: dict[str, Any], where: _Where, table: str, suite_name: str, seeds: list[int]) -> list[TrialConfig]:
+def expand_grid(spec: dict[str, Any], where: Where, table: str, suite_name: str, seeds: list[int]) -> list[TrialConfig]:
+    """The trials of one grid (`spec`: its case, attack and defense tables) for `seeds`, validated, defaults filled:
+    what a suite's top level or one [[grid]] expands to (gleak.api.run_trial expands its arguments with it too)."""
     cases = _cases(spec.get("case"), where, f"{table}.case" if table != "suite" else "case")
     _check_data(cases, where, f"{table}.case" if table != "suite" else "case")
     attacks = _plugins("attack", spec.get("attack"), where, "attack" if table == "suite" else table)
@@ -316,6 +323,9 @@ def _grid(spec: dict[str, Any], where: _Where, table: str, suite_name: str, seed
                               f"{case.protocol!r}: name the protocol once")  # fmt: skip
         trials.append(TrialConfig(suite_name, a, ap, d, dp, case, seed))
     return trials
+
+
+_grid = expand_grid  # the name this module uses
 
 
 def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Suite:
@@ -358,6 +368,11 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     verdict = meta.get("verdict", "margin")
     if verdict not in VERDICT_RULES:
         raise where.error("suite", "verdict", f"must be one of {', '.join(map(repr, VERDICT_RULES))}, got {verdict!r}")
+    from gleak.device import check_name
+
+    device = meta.get("device")
+    if device is not None and check_name(device):
+        raise where.error("suite", "device", check_name(device))
 
     grids = doc.get("grid")
     trials: list[TrialConfig] = []
@@ -389,7 +404,7 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     extras = {k: doc[k] for k in extra_tables if k in doc}
     utility = _utility(doc["utility"], where) if "utility" in doc and "utility" not in extra_tables else None
     claims = _claims(doc["claim"], where) if "claim" in doc and "claim" not in extra_tables else []
-    return Suite(name, path, list(unique.values()), description, save_images, extras, utility, verdict, claims)
+    return Suite(name, path, list(unique.values()), description, save_images, extras, utility, verdict, claims, device)
 
 
 CLAIM_KEYS = {"source", "claim", "defense", "defense_params", "attacks", "case", "expect"}

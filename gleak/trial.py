@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from gleak import device as devices
 from gleak.config import TrialConfig, derive_seed, generator
 from gleak.data import ImageDataset, load_dataset, sample_indices
 from gleak.errors import UnsupportedCase
@@ -26,9 +27,10 @@ from gleak.guards import extra_json
 from gleak.metrics import mean_image, relative_distance, score
 from gleak.plugin import Attack, Defense
 from gleak.pretrain import build_model
+from gleak.progress import reporting
 from gleak.protocol import Protocol, Schedule, fedavg_update, fedsgd_update, run_rounds, trial_setup
 from gleak.registry import create
-from gleak.threat import ClientBatch, Observation, Update, denormalize
+from gleak.threat import ClientBatch, Observation, Update, denormalize, replace
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -50,6 +52,13 @@ def draw_batches(ds: ImageDataset, cfg: TrialConfig, dtype: torch.dtype, purpose
         part = idx[i * c.batch_size : (i + 1) * c.batch_size]
         out.append(ClientBatch(ds.normalized(part).to(dtype), ds.y[part], ds.mean, ds.std))
     return out
+
+
+def on_device(batches: list[ClientBatch]) -> list[ClientBatch]:
+    """The batches on the device of the trial in progress (gleak.device.use); themselves on the CPU."""
+    if devices.current().type == "cpu":
+        return batches
+    return [replace(b, x=devices.to_device(b.x), y=devices.to_device(b.y)) for b in batches]
 
 
 def client_update(
@@ -74,7 +83,7 @@ def warm_up_schedule(ds: ImageDataset, cfg: TrialConfig) -> Schedule:
     and the round's own generators (so adding rounds never changes the earlier ones)."""
     dtype = DTYPES[cfg.case.dtype]
     return Schedule(
-        lambda r: draw_batches(ds, cfg, dtype, f"data/round-{r}"),
+        lambda r: on_device(draw_batches(ds, cfg, dtype, f"data/round-{r}")),
         _client_rngs(cfg, lambda r: f"/round-{r}"),
         lambda r: generator(cfg.seed, f"defense/round-{r}"),
     )  # fmt: skip
@@ -84,6 +93,7 @@ def observed_schedule(batches: list[ClientBatch], cfg: TrialConfig) -> Schedule:
     """The observed rounds: every round on the clients' attacked batches (a CGD participant's whole local data);
     the wire's generator runs on across rounds, each client draws afresh each round."""
     wire = generator(cfg.seed, "defense")
+    batches = on_device(batches)
     return Schedule(lambda r: batches, _client_rngs(cfg, lambda r: f"/observed-{r}" if r else ""), lambda r: wire)
 
 
@@ -98,8 +108,10 @@ def _finite_or_none(v: Any) -> Any:
     return v
 
 
-def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any]:
-    """Run one trial and return its metrics (raises on failure). See `run_trial` for the stored row."""
+def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "cpu") -> dict[str, Any]:
+    """Run one trial and return its metrics (raises on failure). See `run_trial` for the stored row. `device`
+    (resolved, gleak.device.resolve): where the rounds and the attack compute; data, model building and scoring
+    stay on the CPU."""
     dtype = DTYPES[cfg.case.dtype]
     ds = load_case_data(cfg)
     # A trained model is attacked on images it never trained on (Geiping et al. attack validation images): the
@@ -122,6 +134,36 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
 
     model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
     model = defenses[0].wrap_model(model, generator(cfg.seed, "defense-model"))  # PRECODE's bottleneck
+    with devices.use(device):
+        model = devices.to_device(model)
+        last, rec, plain = _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, batches)
+        grad_dist = relative_distance(plain.flat(), last.view.flat())
+    rec_x = rec.x.detach().cpu() if rec.x is not None else None
+    rec_y = rec.y.cpu() if isinstance(rec.y, torch.Tensor) else rec.y
+    if rec_x is not None and not torch.isfinite(rec_x).all():  # say so, rather than fail later in the matching
+        raise FloatingPointError("the reconstruction has NaN or infinite pixels")
+
+    rec_images = denormalize(rec_x, ds.mean, ds.std) if rec_x is not None else None
+    blind = mean_image(pool.x)  # the blind guess: the mean image of the split the victims come from
+    scores = score(victim.images(), victim.y, rec_images, rec_y, lpips_weights, blind)
+    scores["grad_dist"] = grad_dist
+    share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
+    extra = {**model_info, **rec.extra} if share is None else {"share_psnr40": share, **model_info, **rec.extra}
+    eps = defenses[0].privacy_spent()  # the victim's accountant, stepped with the noisy steps it took
+    if eps is not None:
+        extra["epsilon"] = eps
+    extra.update(scores.pop("blind"))
+    extra["device"] = device
+    scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
+    scores["_images"] = (victim.images(), rec_images)
+    scores["_arrays"] = (victim.images(), victim.y, rec_images, rec_y, blind)
+    return scores
+
+
+def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, batches):
+    """The rounds, the gate and the attack, on the current device: (the attacked round, the reconstruction, the
+    victim's plain update in that round)."""
+    victim = on_device(batches[:1])[0]
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
     models, warm = run_rounds(protocol, defenses, models, cfg.case.rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
@@ -135,39 +177,27 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     last = seen[-1]
     rec = attack.reconstruct(observation(last.view, last.held, attack, knowledge, cfg, history),
                              generator(cfg.seed, "attack"))  # fmt: skip
-    if rec.x is not None and not torch.isfinite(rec.x).all():  # say so, rather than fail later in the matching
-        raise FloatingPointError("the reconstruction has NaN or infinite pixels")
-
-    rec_images = denormalize(rec.x.detach(), ds.mean, ds.std) if rec.x is not None else None
-    blind = mean_image(pool.x)  # the blind guess: the mean image of the split the victims come from
-    scores = score(victim.images(), victim.y, rec_images, rec.y, lpips_weights, blind)
     # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
     plain = last.updates[0] if type(defenses[0]).client_gradient is Defense.client_gradient else \
         protocol.client_update(last.at[0], victim, create("defense", "none"), generator(cfg.seed, "client/0"))  # fmt: skip
-    scores["grad_dist"] = relative_distance(plain.flat(), last.view.flat())
-    share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
-    extra = {**model_info, **rec.extra} if share is None else {"share_psnr40": share, **model_info, **rec.extra}
-    eps = defenses[0].privacy_spent()  # the victim's accountant, stepped with the noisy steps it took
-    if eps is not None:
-        extra["epsilon"] = eps
-    extra.update(scores.pop("blind"))
-    scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
-    scores["_images"] = (victim.images(), rec_images)
-    scores["_arrays"] = (victim.images(), victim.y, rec_images, rec.y, blind)
-    return scores
+    return last, rec, plain
 
 
 def run_trial(
-    cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str | Path | None = None, on_images: Any = None
+    cfg: TrialConfig, lpips_weights: str | None = None, image_dir: str | Path | None = None, on_images: Any = None,
+    device: str = "cpu", progress: Any = None,
 ) -> dict[str, Any]:
     """Run one trial and return its row for the store. Never raises for a failing trial: the row says why.
-    on_images(truth, reconstruction), when given, receives the trial's images in [0, 1] (gleak.api keeps them)."""
+    on_images(truth, reconstruction), when given, receives the trial's images in [0, 1] (gleak.api keeps them).
+    device: a resolved device name (gleak.device.resolve), recorded in the row's extra; not part of the trial id.
+    progress: where the attack's iterations go (a gleak.progress sink; None: nowhere)."""
     t0 = time.perf_counter()
     row: dict[str, Any] = {"trial_id": cfg.trial_id, "config": cfg.to_json(), "status": "ok", "error": None}
     try:
-        with torch.random.fork_rng(devices=[]):  # a plugin that touches the global RNG cannot leak into the next trial
+        # fork_rng: a plugin that touches the global RNG cannot leak into the next trial
+        with torch.random.fork_rng(devices=[]), reporting(progress):
             torch.manual_seed(derive_seed(cfg.seed, "global"))
-            scores = execute(cfg, lpips_weights)
+            scores = execute(cfg, lpips_weights, device)
         truth, rec = scores.pop("_images")
         if on_images is not None:
             on_images(truth, rec)
@@ -189,8 +219,9 @@ def run_trial(
         scores["extra"] = extra_json(scores.get("extra"), f"attack {cfg.attack!r}")
         row.update(scores)
     except UnsupportedCase as exc:  # the plugin cannot handle this case: not applicable, not a failure
-        row.update(status=NOT_APPLICABLE, error=_one_line(exc))
+        row.update(status=NOT_APPLICABLE, error=_one_line(exc), extra=extra_json({"device": device}))
     except Exception as exc:  # noqa: BLE001 - a failing trial is data, not a crash
-        row.update(status="failed", error=_one_line(exc), traceback=traceback.format_exc(limit=8), extra="{}")
+        row.update(status="failed", error=_one_line(exc), traceback=traceback.format_exc(limit=8),
+                   extra=extra_json({"device": device}))
     row["seconds"] = time.perf_counter() - t0
     return row

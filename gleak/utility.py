@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import torch
 
+from gleak import device as devices
 from gleak.config import UtilityConfig, derive_seed, generator
 from gleak.data import ImageDataset, client_shards, load_dataset
 from gleak.models import create_model
@@ -132,9 +133,11 @@ def federated_training(
     defenses: list[Defense] = [create("defense", defense[0], **defense[1]) for _ in range(cfg.clients)]
     for d in defenses:
         d.reset()
-    model = defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model"))  # PRECODE's bottleneck
-    x, y = train.normalized().to(dtype), train.y
-    xt, yt = test.normalized().to(dtype), test.y
+    model = devices.to_device(defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model")))  # PRECODE's
+    # The data travels to the run's device once (gleak.device.use; loaded on the CPU); the clients' index draws stay
+    # on the CPU, which indexes either device's tensors.
+    x, y = devices.to_device(train.normalized().to(dtype)), devices.to_device(train.y)
+    xt, yt = devices.to_device(test.normalized().to(dtype)), devices.to_device(test.y)
     parts = client_shards(train.y, cfg.clients, generator(cfg.seed, "utility-shards"), cfg.dirichlet_alpha, cfg.batch_size * cfg.local_steps)
     data_rng = generator(cfg.seed, "utility-data")  # the same stream for every defense: paired comparison
     defense_rng = generator(cfg.seed, "utility-defense")
@@ -170,16 +173,17 @@ def _one_line(exc: BaseException) -> str:
 
 def run_utility(
     cfg: UtilityConfig, defense: str, params: dict[str, Any], on_round: Callable[[], None] | None = None,
-    protocol: Protocolled = None,
+    protocol: Protocolled = None, device: str = "cpu",
 ) -> dict[str, Any]:
     """One utility run as a row for the store. Never raises for a failing run: the row says why.
 
     The run's protocol trains (`train_utility`: the federated loop through run_rounds, or CGD's engine) and
     returns at least {"accuracy": float}, maybe "epsilon". Epsilon: the result's own, or the client defense's
-    `epsilon` for the run's delta, sampling rate and steps."""
+    `epsilon` for the run's delta, sampling rate and steps. device: resolved (gleak.device.resolve), where training
+    computes; recorded in the row's extra."""
     t0 = time.perf_counter()
     row: dict[str, Any] = {"status": "ok", "error": None, "traceback": None, "accuracy": None, "epsilon": None}
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"device": device}
     try:
         with torch.random.fork_rng(devices=[]):  # a plugin that touches the global RNG cannot leak into the next run
             torch.manual_seed(derive_seed(cfg.seed, "utility-global"))
@@ -187,9 +191,13 @@ def run_utility(
             setup = utility_setup(cfg, defense, params, protocol)
             protocol: Protocol = create("protocol", setup.protocol, **setup.protocol_params)
             d = create("defense", setup.defense, **setup.defense_params)
-            result = protocol.train_utility(cfg, train, test, generator(cfg.seed, "utility-protocol"),
-                                            defense=(setup.defense, setup.defense_params), on_round=on_round)  # fmt: skip
-            if type(protocol).train_utility is not Protocol.train_utility:
+            own = type(protocol).train_utility is not Protocol.train_utility
+            if own:  # a protocol's own training engine (CGD) keeps its tensors where it made them: on the CPU
+                device = extra["device"] = "cpu"
+            with devices.use(device):
+                result = protocol.train_utility(cfg, train, test, generator(cfg.seed, "utility-protocol"),
+                                                defense=(setup.defense, setup.defense_params), on_round=on_round)  # fmt: skip
+            if own:
                 extra["trained_by"] = "train_utility"
             if "accuracy" not in result:
                 raise ValueError(f"protocol {setup.protocol!r}: train_utility returned no 'accuracy'")
@@ -248,9 +256,9 @@ def suite_runs(cfg: UtilityConfig, defenses: list[Any]) -> list[tuple[str, str, 
     return runs
 
 
-def _work(cfg_json: str, defense: str, params: dict[str, Any], protocol: Protocolled = None) -> dict[str, Any]:
+def _work(cfg_json: str, defense: str, params: dict[str, Any], protocol: Protocolled = None, device: str = "cpu") -> dict[str, Any]:
     torch.set_num_threads(1)
-    return run_utility(UtilityConfig(**json.loads(cfg_json)), defense, params, protocol=protocol)
+    return run_utility(UtilityConfig(**json.loads(cfg_json)), defense, params, protocol=protocol, device=device)
 
 
 def _result_or_failed(fut: Any) -> dict[str, Any]:
@@ -282,7 +290,8 @@ class _threads:
 
 
 def run_utilities(
-    cfg: UtilityConfig, defenses: list[tuple[str, dict[str, Any]]], store: Any, progress: bool = True, workers: int = 1
+    cfg: UtilityConfig, defenses: list[tuple[str, dict[str, Any]]], store: Any, progress: bool = True, workers: int = 1,
+    device: str = "cpu",
 ) -> tuple[int, int]:
     """Run every utility run of a suite that the store does not hold as ok (in `workers` processes, one torch thread
     each); each run is committed when it finishes. Returns (runs made, runs failed among the suite's runs)."""
@@ -301,7 +310,7 @@ def run_utilities(
                 for uid, d, p, proto in todo:
                     bar.set_postfix_str(f"{label(d, proto)} {_json(p)}"[:60], refresh=False)
                     start = bar.n
-                    row = run_utility(cfg, d, p, on_round=lambda: bar.update(1), protocol=proto)
+                    row = run_utility(cfg, d, p, on_round=lambda: bar.update(1), protocol=proto, device=device)
                     bar.update(start + cfg.rounds - bar.n)  # runs that end early or train themselves
                     _put(store, uid, cfg, label(d, proto), p, row)
         else:
@@ -309,7 +318,7 @@ def run_utilities(
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-                futs = {pool.submit(_work, _json(cfg.to_dict()), d, p, proto): (uid, d, p, proto) for uid, d, p, proto in todo}
+                futs = {pool.submit(_work, _json(cfg.to_dict()), d, p, proto, device): (uid, d, p, proto) for uid, d, p, proto in todo}
                 for fut in as_completed(futs):
                     uid, d, p, proto = futs[fut]
                     _put(store, uid, cfg, label(d, proto), p, _result_or_failed(fut))
@@ -320,12 +329,12 @@ def run_utilities(
     return len(todo), store.utility_failed(ids)
 
 
-def run_suite_utility(suite: Any, store: Any, progress: bool = True, workers: int = 1) -> int:
+def run_suite_utility(suite: Any, store: Any, progress: bool = True, workers: int = 1, device: str = "cpu") -> int:
     """The [utility] runs of a gleak.suite.Suite (none without the table); returns how many of them failed."""
     if suite.utility is None:
         store.set_meta(_META, None)  # a table removed from the suite leaves no stale utility.csv behind
         return 0
-    made, failed = run_utilities(suite.utility, defense_configs(suite.trials), store, progress, workers)
+    made, failed = run_utilities(suite.utility, defense_configs(suite.trials), store, progress, workers, device)
     print(f"gleak: utility: {made} training runs made, {failed} failed", file=sys.stderr)
     return failed
 

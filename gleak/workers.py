@@ -45,6 +45,17 @@ class TrialEnv:
     image_dir: str | None = None
     plugin_files: tuple[str, ...] = ()
     threads: int = 1
+    device: str = "cpu"  # resolved (gleak.device.resolve): where trials compute
+    verbose: bool = False  # each trial prints its attack's iterations to stderr (gleak.progress.line_printer)
+
+
+def progress_sink(cfg: TrialConfig, env: TrialEnv):
+    """The gleak.progress sink of a trial under `env` (None: its iterations are not shown)."""
+    if not env.verbose:
+        return None
+    from gleak.progress import line_printer
+
+    return line_printer(f"trial {cfg.trial_id[:12]} {cfg.attack} seed {cfg.seed}")
 
 
 _prepared: TrialEnv | None = None
@@ -102,7 +113,7 @@ def guarded_trial(cfg: TrialConfig, env: TrialEnv, image_dir: str | None) -> dic
 
     t0 = time.perf_counter()
     try:
-        row = run_trial(cfg, env.lpips_weights, image_dir)
+        row = run_trial(cfg, env.lpips_weights, image_dir, device=env.device, progress=progress_sink(cfg, env))
         pickle.dumps(row)  # what the pipe (or Ray) will do with it: fail here, as this trial's failure
         return row
     except BaseException as exc:  # noqa: BLE001 - only in a worker, where SIGINT is ignored: a plugin raised it
@@ -222,7 +233,7 @@ def run_in_process(todo: list[TrialConfig], env: TrialEnv, record: Record) -> No
     torch.set_num_threads(env.threads)
     try:
         for cfg in todo:
-            record([(cfg, run_trial(cfg, env.lpips_weights, env.image_dir))])
+            record([(cfg, run_trial(cfg, env.lpips_weights, env.image_dir, device=env.device, progress=progress_sink(cfg, env)))])
     finally:
         torch.set_num_threads(previous)
 

@@ -192,3 +192,29 @@ name = "none"
     assert "## Failed trials" not in md
     again = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
     assert again.returncode == 0 and "0 trials run, 4 already stored" in again.stderr
+
+
+def test_a_rerun_with_every_trial_stored_leaves_the_published_folder_byte_identical(tmp_path):
+    """The first `gleak run` in a fresh checkout is `gleak run` of quick into results/quick, whose store is committed
+    with every trial: it must change no tracked file (git status clean). Here on a copy of that folder."""
+    import hashlib
+
+    from gleak.cli import main
+
+    out = tmp_path / "quick"
+    shutil.copytree(QUICK, out)
+
+    def digests():
+        return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*"))
+                if p.is_file() and p.name != ".lock" and not p.name.endswith(("-wal", "-shm"))}  # fmt: skip
+
+    committed = digests()
+    # The reports as this code writes them (the committed ones are redrawn at each release: `gleak leaderboard`)
+    from gleak.folder import write_reports
+
+    write_reports(out)
+    before = digests()
+    assert before["results.sqlite"] == committed["results.sqlite"]  # reading the store to report writes nothing
+    assert main(["run", "quick", "--out", str(out), "--no-progress", "--in-process"]) == 0
+    after = digests()
+    assert [k for k in before if before[k] != after.get(k)] == [] and set(after) == set(before)

@@ -1,0 +1,52 @@
+"""Progress inside a trial: an attack's optimisation loop says where it is, the run shows it.
+
+An attack calls `report(step, total, loss)` once per iteration (one line in its loop; a no-op unless a run listens).
+The trial in progress listens through `reporting(sink)`: `gleak run --verbose` hands every trial a `line_printer`,
+which writes a line to stderr every tenth of the attack's iterations (from the worker process running the trial,
+whose stderr is the run's). A module-level sink rather than an argument: the loops sit several calls deep inside
+plugins, and one trial runs at a time in a process.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any, Callable, Iterator, TextIO
+
+Sink = Callable[[int, int, Any], None]
+_sink: Sink | None = None
+
+
+def report(step: int, total: int, loss: Any = None) -> None:
+    """Iteration `step` (1-based) of `total` of the attack's loop is done; `loss` its objective (a number or a 0-d
+    tensor, read only when shown). A loop that restarts reports 1..total again for each start."""
+    if _sink is not None:
+        _sink(step, total, loss)
+
+
+@contextlib.contextmanager
+def reporting(sink: Sink | None) -> Iterator[None]:
+    """`report` calls inside the block go to `sink` (None: nowhere)."""
+    global _sink
+    before, _sink = _sink, sink
+    try:
+        yield
+    finally:
+        _sink = before
+
+
+def line_printer(label: str, stream: TextIO | None = None) -> Sink:
+    """A sink writing 'gleak: LABEL: iteration i/total, loss L' every tenth of `total` iterations and at the last."""
+
+    def sink(step: int, total: int, loss: Any) -> None:
+        every = max(1, total // 10)
+        if step % every and step != total:
+            return
+        shown = ""
+        if loss is not None:
+            try:
+                shown = f", loss {float(loss):.4g}"
+            except (TypeError, ValueError, RuntimeError):  # a loss per restart: its best
+                shown = f", loss {float(min(float(v) for v in loss)):.4g}"
+        print(f"gleak: {label}: iteration {step}/{total}{shown}", file=stream or sys.stderr, flush=True)
+
+    return sink

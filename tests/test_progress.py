@@ -1,0 +1,97 @@
+"""Progress inside long trials (gleak.progress): the optimisation attacks report their iterations, and
+`gleak run --verbose` shows them on stderr, from the worker process that runs the trial."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gleak.api import trial_config
+from gleak.progress import line_printer, reporting
+from gleak.trial import run_trial
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parent.parent
+CASE = dict(dataset="skimage", model="mlp", model_params={"hidden": [16]}, resolution=8, batch_size=1)
+
+SUITE = """
+[suite]
+name = "prog"
+[case]
+dataset = "skimage"
+model = "mlp"
+model_params = { hidden = [16] }
+resolution = 8
+batch_size = 1
+[[attack]]
+name = "dlg"
+iterations = 20
+max_iter = 2
+restarts = 1
+[[defense]]
+name = "none"
+"""
+
+
+@pytest.mark.parametrize(
+    "attack, total, starts",
+    [({"name": "dlg", "iterations": 5, "max_iter": 2, "restarts": 2}, 5, 2),
+     ({"name": "inverting-gradients", "iterations": 6, "restarts": 2}, 6, 1),
+     ({"name": "gradinversion", "iterations": 4, "restarts": 2, "warmup": 1}, 4, 1)],
+)  # fmt: skip
+def test_each_optimisation_attack_reports_every_iteration(attack, total, starts):
+    calls = []
+    row = run_trial(trial_config(attack, "none", **CASE), progress=lambda s, t, loss: calls.append((s, t, loss)))
+    assert row["status"] == "ok", row["error"]
+    assert [(s, t) for s, t, _ in calls] == [(s, total) for _ in range(starts) for s in range(1, total + 1)]
+    if attack["name"] != "gradinversion":  # the matching loss, where the loop has it
+        assert all(loss is not None for _, _, loss in calls)
+
+
+def test_a_trial_reports_to_its_own_sink_only():
+    from gleak.progress import report
+
+    outer = []
+    dlg = {"name": "dlg", "iterations": 2, "max_iter": 1, "restarts": 1}
+    with reporting(lambda *a: outer.append(a)):
+        run_trial(trial_config(dlg, "none", **CASE))  # no sink of its own: its iterations go nowhere
+        report(1, 1, 0.5)
+    report(2, 2, 0.5)  # nobody listens: a no-op
+    assert outer == [(1, 1, 0.5)]
+
+
+def test_line_printer_every_tenth_and_the_last(capsys):
+    import torch
+
+    sink = line_printer("trial abc dlg")
+    for s in range(1, 26):
+        sink(s, 25, torch.tensor(float(s)))
+    sink(3, 3, torch.tensor([0.5, 0.25]))  # a loss per restart: the best one
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "gleak: trial abc dlg: iteration 2/25, loss 2"
+    assert [int(re.search(r"iteration (\d+)/", ln).group(1)) for ln in lines[:-1]] == [*range(2, 25, 2), 25]
+    assert lines[-1] == "gleak: trial abc dlg: iteration 3/3, loss 0.25"
+
+
+def test_gleak_run_verbose_shows_a_dlg_trial_iterations_from_its_worker(tmp_path, gleak_cmd, run_env):
+    suite = tmp_path / "prog.toml"
+    suite.write_text(SUITE)
+    base = [*gleak_cmd, "run", str(suite), "--no-progress"]
+    r = subprocess.run([*base, "--verbose", "--out", str(tmp_path / "v")], env=run_env, capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    from gleak.suite import load_suite
+
+    tid = load_suite(suite).trials[0].trial_id[:12]
+    shown = re.findall(rf"^gleak: trial {tid} dlg seed 0: iteration (\d+)/20, loss \S+$", r.stderr, re.M)
+    assert shown == [str(i) for i in range(2, 21, 2)], r.stderr
+
+
+def test_gleak_run_without_verbose_shows_no_iterations(tmp_path, capfd):
+    from gleak.cli import main
+
+    suite = tmp_path / "prog.toml"
+    suite.write_text(SUITE)
+    assert main(["run", str(suite), "--no-progress", "--in-process", "--out", str(tmp_path / "q")]) == 0
+    err = capfd.readouterr().err
+    assert "gleak: suite 'prog'" in err and "iteration" not in err
