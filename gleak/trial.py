@@ -114,6 +114,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     defenses: list[Defense] = [create("defense", setup.defense, **setup.defense_params) for _ in batches]
     for d in defenses:
         d.reset()
+        d.bind_data(ds.mean, ds.std)  # the clients' normalisation (the victims' split is normalised alike)
     if attack.active and not protocol.shared_model:
         raise UnsupportedCase(f"active attack {cfg.attack!r} through protocol {setup.protocol!r}: its clients never "
                               "compute at the model the server prepares")  # fmt: skip

@@ -132,6 +132,7 @@ def federated_training(
     defenses: list[Defense] = [create("defense", defense[0], **defense[1]) for _ in range(cfg.clients)]
     for d in defenses:
         d.reset()
+        d.bind_data(train.mean, train.std)
     model = defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model"))  # PRECODE's bottleneck
     x, y = train.normalized().to(dtype), train.y
     xt, yt = test.normalized().to(dtype), test.y
