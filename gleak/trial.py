@@ -121,8 +121,8 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None) -> dict[str, Any
     public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public, setup)
 
-    model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
-    model = defenses[0].wrap_model(model, generator(cfg.seed, "defense-model"))  # PRECODE's bottleneck
+    # untrained, or trained first (cached); wrapped by the defense where it changes the model (PRECODE's bottleneck)
+    model, model_info = build_model(cfg.case, ds, cfg.seed, dtype, defenses[0], (cfg.identity()["defense"], cfg.defense_params))
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
     models, warm = run_rounds(protocol, defenses, models, cfg.case.rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
