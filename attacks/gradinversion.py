@@ -80,7 +80,9 @@ class GradInversion(Attack):
         distinct classes drawn uniformly from the trial's generator (a naive guess, fixed during the optimisation).
     grad_weight: weight of the squared gradient distance (1: the paper's objective adds the regularisers to an
         unweighted gradient loss; breaching scales its Euclidean gradient loss by 1e-4, set grad_weight = 1e-4 for
-        its balance). tv, l2, bn, group: the regularisers' weights a_TV = 1e-4, a_l2 = 1e-6, a_BN = 0.1,
+        its balance). TV is a mean over pixels, so against grad_weight 1 and a squared distance of order 10-100 it
+        needs a weight of order 10-100 to count (suites/dgp-table1.toml's probes: tv 1e-4 leaves the images noise on
+        ResNet-20 at 16 px, tv 100 smooths them past the blind guess). tv, l2, bn, group: the regularisers' weights a_TV = 1e-4, a_l2 = 1e-6, a_BN = 0.1,
         a_group = 0.01, taken from breaching's see-through-gradients config (its transcription of the paper; the
         paper's own implementation section was not at hand); 0 turns a term off. noise: Langevin noise scale (0.2,
         the paper's value according to breaching, which itself uses 0.01). boxed: clamp pixels to the valid range.
