@@ -3,11 +3,13 @@ authors' code gaow0007/ATSPrivacy): the client trains on its batch transformed b
 from __future__ import annotations
 
 import math
+from typing import Any, Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gleak.plugin import Defense
+from gleak.plugin import Defense, check_choice
 from gleak.protocol import batch_gradient
 from gleak.registry import register_defense
 
@@ -212,10 +214,13 @@ class ATS(Defense):
     policy: indices into the authors' list, '-' within a sub-policy, '+' between sub-policies. Default
         "3-1-7+43-18-18", the authors' hybrid of their two searched CIFAR-100 policies for ResNet20-4 (3-1-7:
         translateX 0.41, contrast 0.33, translateY 0.10; 43-18-18: translateY 0.14, contrast 0.39 twice).
-    mean, std: the per-channel normalisation of the model input (pixels = x std + mean), to transform in pixel
-        space. Unset (default): the batch's per-channel minimum is taken as black and its maximum as white (exact for
-        images that contain both, such as Fashion-MNIST's; approximate otherwise), because the client's gradient hook
-        receives normalised input only.
+    pixels: how the client turns its normalised batch back into images in [0, 1] before transforming it (the
+        authors transform PIL images, before normalisation). "data-stats" (default): with its data's own per-channel
+        mean and std (pixels = x std + mean), which the client knows (the runner passes them, `bind_data`); each
+        image's transformation then depends on that image alone. "batch-range": the batch's per-channel minimum is
+        black and its maximum white (exact for batches that contain both, approximate otherwise; every image's
+        result then depends on the others): gleak's first reading, kept so that its stored trials keep their ids.
+    mean, std: an explicit per-channel normalisation (pixels = x std + mean), used instead of either reading.
 
     The tests check every operation against PIL (the authors' implementation) at each magnitude the list uses.
     Left out: the policy search itself (the authors' privacy score S_pri and accuracy score S_acc over candidate
@@ -225,19 +230,49 @@ class ATS(Defense):
     resample with torch's grid_sample (nearest / bicubic) rather than PIL's own kernels.
     """
 
-    def __init__(self, policy: str = "3-1-7+43-18-18", mean: list[float] | None = None, std: list[float] | None = None):
-        self.policy, self.mean, self.std = policy, mean, std
+    conformance_params = {"pixels": "batch-range"}  # its probes call the hooks without a runner's bind_data
+
+    def __init__(
+        self,
+        policy: str = "3-1-7+43-18-18",
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        pixels: Literal["data-stats", "batch-range"] = "data-stats",
+    ):
+        check_choice("pixels", pixels, ("data-stats", "batch-range"))
+        self.policy, self.mean, self.std, self.pixels = policy, mean, std, pixels
         self._subs = parse_policy(policy)
+        self._data: tuple[list[float], list[float]] | None = None
         if (mean is None) != (std is None):
             raise ValueError("mean and std must be given together")
         if std is not None and (len(std) != len(mean) or any(s <= 0 for s in std)):
             raise ValueError(f"std must be positive and as long as mean, got mean={mean}, std={std}")
 
+    @classmethod
+    def identity_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """The first reading ("batch-range") keeps the ids its trials were stored under (before `pixels` existed)."""
+        return {k: v for k, v in params.items() if not (k == "pixels" and v == "batch-range")}
+
+    def bind_data(self, mean: Tensor | list[float], std: Tensor | list[float]) -> None:
+        self._data = ([float(v) for v in mean], [float(v) for v in std])
+
+    def stats(self) -> tuple[list[float] | None, list[float] | None]:
+        """The normalisation the batch is read with: explicit, the data's, or (None, None) for the batch range."""
+        if self.mean is not None:
+            return self.mean, self.std
+        if self.pixels == "batch-range":
+            return None, None
+        if self._data is None:
+            raise RuntimeError("ats: pixels = 'data-stats' but no data normalisation was given (Defense.bind_data); "
+                               "give mean/std or pixels = 'batch-range'")  # fmt: skip
+        return self._data
+
     def transform_batch(self, x: Tensor, rng: torch.Generator) -> Tensor:
         """The client's normalised batch after the policy (same normalisation as `x`)."""
-        if self.mean is not None and len(self.mean) not in (1, x.shape[1]):
-            raise ValueError(f"ats: mean has {len(self.mean)} entries, the input has {x.shape[1]} channels")
-        scale, shift = pixel_map(x.detach(), self.mean, self.std)
+        mean, std = self.stats()
+        if mean is not None and len(mean) not in (1, x.shape[1]):
+            raise ValueError(f"ats: mean has {len(mean)} entries, the input has {x.shape[1]} channels")
+        scale, shift = pixel_map(x.detach(), mean, std)
         images = (x.detach() * scale + shift).clamp(0, 1)
         return (transform_images(images, self._subs, rng) - shift) / scale
 

@@ -90,8 +90,10 @@ class Precode(Defense):
     Known deviations: the authors' module parameterises the standard deviation by softplus (kept here), where a VAE
     often uses a log-variance; their convolutional variant (a 1x1 reducer for a 4-D input) is not needed, since the
     bottleneck here always sits on the classifier's (flat) input. The bottleneck's weights are drawn from the
-    trial's generator with torch's default Linear law. A model trained before the trial (case `pretrain`) is trained
-    without the bottleneck, which is then inserted untrained.
+    trial's generator with torch's default Linear law (a trained case: from the case's train_seed). A model trained
+    before the trial (case model_state = "trained") is trained with the bottleneck, as the paper trains its models:
+    gleak.pretrain wraps the case's model first and takes this defense's client gradient (cross entropy plus
+    beta KL) at every step; those trials' ids carry "pretrained": "with-defense" (gleak.config).
     """
 
     def __init__(self, latent: int = 256, beta: float = 1e-3):

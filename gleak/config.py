@@ -122,6 +122,18 @@ def _over_bounds(cfg: Any) -> list[tuple[str, str]]:
     return out
 
 
+def _wraps_model(defense: str) -> bool:
+    """Whether the registered defense changes the architecture (overrides Defense.wrap_model)."""
+    from gleak.plugin import Defense
+    from gleak.registry import UnknownPluginError, plugin_info
+
+    try:
+        obj = plugin_info("defense", defense).obj
+    except UnknownPluginError:  # the suite's checks report an unknown name, not the id
+        return False
+    return isinstance(obj, type) and issubclass(obj, Defense) and obj.wrap_model is not Defense.wrap_model
+
+
 @dataclass(frozen=True)
 class TrialConfig:
     suite: str
@@ -153,6 +165,10 @@ class TrialConfig:
             # A trained model's victims come from the split it never trained on (gleak.trial); before that rule they
             # came from its training split. Another computation, so another id: stores never reuse the old rows.
             out["victims"] = "held-out"
+            if _wraps_model(self.defense):
+                # A defense that changes the architecture is trained with the model (gleak.pretrain); before that rule
+                # its wrapper was inserted untrained. Another computation, so another id.
+                out["pretrained"] = "with-defense"
         return out
 
     @property

@@ -98,6 +98,11 @@ class Defense(Plugin):
     def transform(self, update: Update, rng: torch.Generator) -> Update:
         return update
 
+    def bind_data(self, mean: torch.Tensor | list[float], std: torch.Tensor | list[float]) -> None:
+        """The normalisation of the client's own data (pixels = x * std + mean per channel), given by the runner to
+        every client's defense before its first round: a client knows how it normalises its data (ATS transforms
+        pixels). Default: ignored."""
+
     def wrap_model(self, model: nn.Module, rng: torch.Generator) -> nn.Module:
         """The model every client trains (and the observer holds), built from the case's model; a defense that
         extends the architecture (PRECODE's bottleneck) returns a new module. Default: unchanged."""

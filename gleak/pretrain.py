@@ -9,6 +9,11 @@ is deterministic (plain SGD with momentum 0.9 and weight decay 5e-4 at a constan
 from a generator seeded by train_seed, no augmentation) and cached twice: in the process, and on disk under
 $GLEAK_CACHE (default ~/.cache/gleak)/models/, written atomically under a file lock so that parallel workers wait
 for the one that trains instead of training again.
+
+A defense that changes the architecture (`Defense.wrap_model`: PRECODE's bottleneck) is part of what is trained, as
+its paper trains it: the case's model is wrapped first (the wrapper's initialisation from train_seed) and every
+step takes the defense's own client gradient (PRECODE: cross entropy plus beta KL), with its own cache key. Other
+defenses attack the model trained without them.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ from torch import nn
 from gleak.config import CaseConfig, derive_seed, generator
 from gleak.data import ImageDataset
 from gleak.models import create_model
-from gleak.protocol import loss_fn
+from gleak.plugin import Defense
+from gleak.protocol import loss_fn, trainable
 
 # Bump when training changes, so that cached weights of the old procedure are not reused.
 PRETRAIN_FORMAT = 1
@@ -38,21 +44,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gleak")
 
 
-def training_key(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype) -> str:
-    """A hash of everything the trained weights depend on."""
+def wraps_model(defense: Defense | None) -> bool:
+    """Whether the defense changes the architecture (overrides Defense.wrap_model)."""
+    return defense is not None and type(defense).wrap_model is not Defense.wrap_model
+
+
+def training_key(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype, wrapper: Any = None) -> str:
+    """A hash of everything the trained weights depend on; `wrapper`: the (name, parameters) of the defense whose
+    wrapped model is trained (None: the case's model alone, the keys of before)."""
     ident = {
         "format": PRETRAIN_FORMAT, "model": case.model, "model_params": case.model_params, "dataset": case.dataset,
         "data_root": case.data_root, "resolution": case.resolution, "channels": case.channels,
         "input_shape": list(ds.input_shape), "classes": ds.num_classes, "samples": len(ds), "dtype": str(dtype),
         "steps": case.train_steps, "lr": case.train_lr, "batch_size": case.train_batch_size, "seed": case.train_seed,
     }  # fmt: skip
+    if wrapper is not None:
+        ident["wrapped_by"] = wrapper
     blob = json.dumps(ident, sort_keys=True, default=str)
     return f"{case.model}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
-def train(model: nn.Module, ds: ImageDataset, case: CaseConfig) -> dict[str, float]:
-    """Train `model` in place on the whole training split; return its accuracy and loss there afterwards."""
+def train(model: nn.Module, ds: ImageDataset, case: CaseConfig, defense: Defense | None = None) -> dict[str, float]:
+    """Train `model` in place on the whole training split; return its accuracy and loss there afterwards. With a
+    defense, each step's gradient is its client gradient (its randomness from a generator of train_seed)."""
     gen = generator(case.train_seed, "pretrain")
+    defense_rng = generator(case.train_seed, "pretrain-defense") if defense is not None else None
     x, y = ds.normalized().to(next(model.parameters()).dtype), ds.y
     opt = torch.optim.SGD(model.parameters(), lr=case.train_lr, momentum=0.9, weight_decay=5e-4)
     model.train()
@@ -63,7 +79,12 @@ def train(model: nn.Module, ds: ImageDataset, case: CaseConfig) -> dict[str, flo
         idx = order[pos : pos + case.train_batch_size]
         pos += case.train_batch_size
         opt.zero_grad()
-        loss_fn(model(x[idx]), y[idx]).backward()
+        if defense is None:
+            loss_fn(model(x[idx]), y[idx]).backward()
+        else:
+            grads = defense.client_gradient(model, x[idx], y[idx], defense_rng)
+            for n, p in trainable(model):
+                p.grad = grads[n]
         opt.step()
     model.eval()
     with torch.no_grad():
@@ -71,9 +92,23 @@ def train(model: nn.Module, ds: ImageDataset, case: CaseConfig) -> dict[str, flo
     return {"train_acc": float((logits.argmax(1) == y).double().mean()), "train_loss": float(loss_fn(logits, y))}
 
 
-def trained_state(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """The trained weights and their training accuracy/loss: from memory, from disk, or trained now (once)."""
-    key = training_key(case, ds, dtype)
+def _initial(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype, defense: Defense | None) -> nn.Module:
+    """The model pretraining starts from: the case's model (its init from train_seed), wrapped by the defense."""
+    model = create_model(
+        case.model, ds.input_shape, ds.num_classes, seed=derive_seed(case.train_seed, "pretrain-init"),
+        dtype=dtype, **case.model_params,
+    )  # fmt: skip
+    if defense is not None:
+        model = defense.wrap_model(model, generator(case.train_seed, "pretrain-defense-model"))
+    return model
+
+
+def trained_state(
+    case: CaseConfig, ds: ImageDataset, dtype: torch.dtype, defense: Defense | None = None, wrapper: Any = None
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The trained weights and their training accuracy/loss: from memory, from disk, or trained now (once). With
+    `defense` (one that wraps the model, named by `wrapper` = (name, parameters)), the wrapped model's."""
+    key = training_key(case, ds, dtype, wrapper if defense is not None else None)
     if key in _MEMORY:
         return _MEMORY[key]
     folder = cache_dir() / "models"
@@ -84,11 +119,14 @@ def trained_state(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype) -> tup
             saved = torch.load(path, map_location="cpu", weights_only=True)
             state, info = saved["state"], saved["info"]
         else:
-            model = create_model(
-                case.model, ds.input_shape, ds.num_classes, seed=derive_seed(case.train_seed, "pretrain-init"),
-                dtype=dtype, **case.model_params,
-            )  # fmt: skip
-            info = train(model, ds, case)
+            if defense is None:
+                model = _initial(case, ds, dtype, None)
+                info = train(model, ds, case)
+            else:
+                with torch.random.fork_rng(devices=[]):  # the bottleneck's evaluation passes draw from torch
+                    torch.manual_seed(derive_seed(case.train_seed, "pretrain-global"))
+                    model = _initial(case, ds, dtype, defense)
+                    info = train(model, ds, case, defense)
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             buf = io.BytesIO()
             torch.save({"state": state, "info": info, "key": key}, buf)
@@ -99,18 +137,29 @@ def trained_state(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype) -> tup
     return state, info
 
 
-def build_model(case: CaseConfig, ds: ImageDataset, seed: int, dtype: torch.dtype) -> tuple[nn.Module, dict[str, Any]]:
-    """The model of a trial, in the case's mode (train: BatchNorm uses batch statistics; eval: running ones), and
-    what to record about it (training accuracy and loss of a trained model)."""
+def build_model(
+    case: CaseConfig, ds: ImageDataset, seed: int, dtype: torch.dtype, defense: Defense | None = None,
+    wrapper: Any = None,
+) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
+    """The model of a trial, wrapped by the client's defense where it changes the architecture (PRECODE), in the
+    case's mode (train: BatchNorm uses batch statistics; eval: running ones), and what to record about it (training
+    accuracy and loss of a trained model). A trained case trains the wrapped model (module docstring; `wrapper`, the
+    defense's (name, parameters), keys its cache); an untrained one wraps the fresh model with the trial's
+    generator."""
     info: dict[str, Any] = {}
     if case.model_state == "trained":
+        wrap = defense if wraps_model(defense) else None
         model = create_model(case.model, ds.input_shape, ds.num_classes, seed=0, dtype=dtype, **case.model_params)
-        state, stats = trained_state(case, ds, dtype)
+        if wrap is not None:
+            model = wrap.wrap_model(model, generator(case.train_seed, "pretrain-defense-model"))
+        state, stats = trained_state(case, ds, dtype, wrap, wrapper)
         model.load_state_dict(state)
         info = {f"model_{k}": v for k, v in stats.items()}
     else:
         model = create_model(
             case.model, ds.input_shape, ds.num_classes, seed=derive_seed(seed, "model"), dtype=dtype, **case.model_params
         )
+        if defense is not None:
+            model = defense.wrap_model(model, generator(seed, "defense-model"))
     model.train(case.model_mode == "train")
     return model, info

@@ -126,14 +126,15 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     defenses: list[Defense] = [create("defense", setup.defense, **setup.defense_params) for _ in batches]
     for d in defenses:
         d.reset()
+        d.bind_data(ds.mean, ds.std)  # the clients' normalisation (the victims' split is normalised alike)
     if attack.active and not protocol.shared_model:
         raise UnsupportedCase(f"active attack {cfg.attack!r} through protocol {setup.protocol!r}: its clients never "
                               "compute at the model the server prepares")  # fmt: skip
     public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public, setup)
 
-    model, model_info = build_model(cfg.case, ds, cfg.seed, dtype)  # untrained, or trained first (cached)
-    model = defenses[0].wrap_model(model, generator(cfg.seed, "defense-model"))  # PRECODE's bottleneck
+    # untrained, or trained first (cached); wrapped by the defense where it changes the model (PRECODE's bottleneck)
+    model, model_info = build_model(cfg.case, ds, cfg.seed, dtype, defenses[0], (cfg.identity()["defense"], cfg.defense_params))
     with devices.use(device):
         model = devices.to_device(model)
         last, rec, plain = _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, batches)

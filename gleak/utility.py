@@ -133,6 +133,7 @@ def federated_training(
     defenses: list[Defense] = [create("defense", defense[0], **defense[1]) for _ in range(cfg.clients)]
     for d in defenses:
         d.reset()
+        d.bind_data(train.mean, train.std)
     model = devices.to_device(defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model")))  # PRECODE's
     # The data travels to the run's device once (gleak.device.use; loaded on the CPU); the clients' index draws stay
     # on the CPU, which indexes either device's tensors.

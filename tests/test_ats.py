@@ -152,12 +152,71 @@ def test_policy_validation():
         ATS(mean=[0.5])
 
 
-def test_without_stats_the_batch_range_is_the_pixel_range():
-    """Unset mean/std: black and white are the batch's per-channel extremes, exact when the batch holds both."""
+def test_batch_range_reading_takes_the_batch_extremes_as_black_and_white():
+    """pixels = "batch-range": black and white are the batch's per-channel extremes, exact when the batch holds both."""
     g = torch.Generator().manual_seed(1)
     pixels = torch.rand(4, 1, 12, 12, generator=g, dtype=torch.float64)
     pixels[0, 0, 0, 0], pixels[1, 0, 3, 3] = 0.0, 1.0
     x = (pixels - 0.286) / 0.353
-    a = ATS(policy="3-1-7+43-18-18").transform_batch(x, torch.Generator().manual_seed(2))
+    a = ATS(policy="3-1-7+43-18-18", pixels="batch-range").transform_batch(x, torch.Generator().manual_seed(2))
     b = ATS(policy="3-1-7+43-18-18", mean=[0.286], std=[0.353]).transform_batch(x, torch.Generator().manual_seed(2))
     assert torch.allclose(a, b, atol=1e-10)
+
+
+def _bound(pixels: str = "data-stats", policy: str = "3-1-7+43-18-18") -> ATS:
+    d = ATS(policy=policy, pixels=pixels)
+    d.bind_data(torch.tensor([0.45, 0.4, 0.35]), torch.tensor([0.25, 0.2, 0.3]))
+    return d
+
+
+def test_an_image_is_transformed_independently_of_the_rest_of_its_batch():
+    """With the data's mean/std (the default reading) image 0's result is the same whatever images share its
+    batch; the batch-range reading (black and white from the batch) changes it. Autocontrast (index 8) and
+    contrast (1) read the image's own statistics; the published hybrid is checked too."""
+    g = torch.Generator().manual_seed(4)
+    mean, std = torch.tensor([0.45, 0.4, 0.35]).view(1, 3, 1, 1), torch.tensor([0.25, 0.2, 0.3]).view(1, 3, 1, 1)
+    first = 0.3 + 0.4 * torch.rand(1, 3, 16, 16, generator=g, dtype=torch.float64)  # no pure black or white
+    dim = 0.3 + 0.4 * torch.rand(3, 3, 16, 16, generator=g, dtype=torch.float64)
+    bright = torch.rand(3, 3, 16, 16, generator=g, dtype=torch.float64)  # other companions: the full range
+    for policy in ("3-1-7+43-18-18", "8-1", "3-1-7"):
+        outs = {}
+        for pixels in ("data-stats", "batch-range"):
+            for name, rest in (("dim", dim), ("bright", bright)):
+                x = (torch.cat([first, rest]) - mean) / std
+                outs[pixels, name] = _bound(pixels, policy).transform_batch(x, torch.Generator().manual_seed(7))[0]
+        assert torch.allclose(outs["data-stats", "dim"], outs["data-stats", "bright"], atol=1e-12), policy
+        assert not torch.allclose(outs["batch-range", "dim"], outs["batch-range", "bright"], atol=1e-3), policy
+    # and the data-stats reading is the transformation of the image in [0, 1] as the authors apply it
+    x = (torch.cat([first, bright]) - mean) / std
+    got = _bound().transform_batch(x, torch.Generator().manual_seed(7))
+    want = transform_images(torch.cat([first, bright]), parse_policy("3-1-7+43-18-18"), torch.Generator().manual_seed(7))
+    assert torch.allclose(got, (want - mean) / std, atol=1e-10)
+
+
+def test_the_data_stats_reading_needs_the_data_normalisation_and_keeps_old_ids():
+    with pytest.raises(RuntimeError, match="bind_data"):
+        ATS().transform_batch(torch.zeros(1, 3, 4, 4), torch.Generator().manual_seed(0))
+    from gleak.registry import check_params
+
+    def check(name, params):
+        return check_params("defense", name, params)
+
+    assert check("ats", {})["pixels"] == "data-stats"  # the new default: new ids for the new computation
+    assert "pixels" not in check("ats", {"pixels": "batch-range"})  # the first reading: its stored ids
+
+
+def test_a_trial_binds_the_data_normalisation_to_the_client_defense(monkeypatch):
+    """The runner hands each client's ATS its data's mean/std (the case's data set), so the default reading runs."""
+    from gleak.data import load_dataset
+
+    seen = []
+    original = ATS.bind_data
+
+    def record(self, m, s):
+        seen.append(([float(v) for v in m], [float(v) for v in s]))
+        original(self, m, s)
+
+    monkeypatch.setattr(ATS, "bind_data", record)
+    res = gleak.run_trial(attack="closed-form", defense="ats", dataset="skimage", model="mlp", batch_size=1, resolution=8)
+    ds = load_dataset("skimage", resolution=8)
+    assert res.row["status"] == "ok" and seen and all(m == ds.mean.tolist() and s == ds.std.tolist() for m, s in seen)

@@ -90,6 +90,28 @@ def test_batchnorm_prior_beats_the_same_optimisation_without_it():
     assert wins >= 2 and margin > 0.2, (with_prior, without)
 
 
+def test_restored_labels_beat_the_same_optimisation_without_them():
+    """The same optimisation (150 steps, one agent, no Langevin noise, the BN prior on), with the labels restored by
+    Yin's rule and without restoration: a naive guess (8 distinct classes from the trial's generator).
+    Measured: restored 12.9, 15.3, 14.6 dB; guessed 12.4, 11.6, 11.9 dB (seeds 0, 1, 2). Joint soft labels (labels
+    "soft") are not the comparison here: on this small net they find the labels themselves (13.0, 15.7, 14.4 dB)."""
+    fast = dict(iterations=150, restarts=1, noise=0.0)
+    seeds = (0, 1, 2)
+    restored = [_psnr(s, **fast, labels="yin") for s in seeds]
+    guessed = [_psnr(s, **fast, labels="guess") for s in seeds]
+    wins = sum(a > b for a, b in zip(restored, guessed))
+    margin = sum(restored) / len(seeds) - sum(guessed) / len(seeds)
+    assert wins >= 2 and margin > 1.0, (restored, guessed)
+
+
+def test_soft_labels_are_optimised_and_read_as_their_argmax():
+    obs, batch, _ = _case(0)
+    rec = GradInversion(iterations=150, restarts=1, noise=0.0, labels="soft").reconstruct(obs, torch.Generator().manual_seed(0))
+    assert rec.y.shape == (BATCH,) and rec.y.dtype == torch.int64
+    # the starting logits' argmax matches about 4.6 of the 8 classes; optimised, the logits find 8 (measured)
+    assert len(set(rec.y.tolist()) & set(batch.y.tolist())) >= BATCH - 1
+
+
 def test_label_restoration_on_batches_of_eight_distinct_labels():
     """The row-minimum rule on 12 batches of 8 distinct labels, half on a briefly trained BatchNorm model."""
     accs = {"yin": [], "idlg": []}

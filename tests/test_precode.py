@@ -138,3 +138,35 @@ def test_bad_parameters_and_models():
     with pytest.raises(ValueError, match="nn.Linear"):
         Precode().wrap_model(torch.nn.Sequential(torch.nn.Conv2d(1, 1, 3)), torch.Generator())
     assert isinstance(Precode(latent=4).wrap_model(torch.nn.Linear(3, 2), torch.Generator())[0], VariationalBottleneck)
+
+
+def test_a_trained_case_trains_the_bottleneck_with_the_model(tmp_path, monkeypatch):
+    """model_state = "trained": the wrapped model is what is pretrained (the paper trains its models with PRECODE),
+    under a cache key of its own: the bottleneck moves from its initialisation, the model classifies its training
+    data well above chance, and the trial's id says so (another computation than the untrained insertion)."""
+    from gleak import pretrain
+    from gleak.api import trial_config
+    from gleak.data import load_dataset
+
+    monkeypatch.setenv("GLEAK_CACHE", str(tmp_path))
+    monkeypatch.setattr(pretrain, "_MEMORY", {})
+    case = CaseConfig(dataset="skimage", model="mlp", resolution=8, model_state="trained", train_steps=150)
+    ds = load_dataset("skimage", resolution=8)
+    d = Precode(latent=16)
+    model, info = pretrain.build_model(case, ds, 0, torch.float32, d, ("precode", {"latent": 16, "beta": 1e-3}))
+    init = d.wrap_model(pretrain.create_model("mlp", ds.input_shape, ds.num_classes, seed=0, dtype=torch.float32),
+                        pretrain.generator(case.train_seed, "pretrain-defense-model"))  # fmt: skip
+    (vb,), (vb0,) = bottlenecks(model), bottlenecks(init)
+    for (name, p), p0 in zip(vb.named_parameters(), vb0.parameters()):
+        # measured: 0.05 to 0.22 trained; weight decay alone (no gradient reaching it) moves it by 4e-4
+        assert (p - p0).abs().max() > 0.02, (name, float((p - p0).abs().max()))
+    model.eval()
+    with torch.no_grad():
+        acc = float((model(ds.normalized()).argmax(1) == ds.y).double().mean())
+    assert acc > 1 / ds.num_classes + 0.3 and info["model_train_acc"] > 1 / ds.num_classes + 0.3, (acc, info)
+    keys = {pretrain.training_key(case, ds, torch.float32), pretrain.training_key(case, ds, torch.float32, ("precode", {}))}
+    assert len(keys) == 2 and len(list((tmp_path / "models").glob("*.pt"))) == 1  # its own key, and only it trained
+    trained = trial_config("closed-form", "precode", dataset="skimage", model="mlp", model_state="trained")
+    assert trained.identity()["pretrained"] == "with-defense"
+    assert "pretrained" not in trial_config("closed-form", "none", dataset="skimage", model="mlp", model_state="trained").identity()
+    assert "pretrained" not in trial_config("closed-form", "precode", dataset="skimage", model="mlp").identity()
