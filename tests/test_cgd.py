@@ -312,3 +312,28 @@ def test_a_cgd_verdict_is_attributed_to_the_partition_it_was_measured_at_not_the
     assert json.loads(pair["variant"].split("protocol_params=")[1].replace("'", '"'))["partition"] == "4x1"
     # The baseline the utility intro and figures quote is the undefended run's, not the first CGD row's own.
     assert undefended_baseline(utility.iloc[[1, 0, 2]].reset_index(drop=True)) == 0.86
+
+
+def test_the_vfl_pre_activation_wire_gives_the_aggregator_every_training_sample_without_colluders():
+    """The vfl reading's extra wire: the block sums of partial pre-activations (fixed point, as the protocol sums
+    them) and the public first-layer offsets determine each block's samples; over 3 seeds, every sample of every
+    block is recovered within 0.05 per pixel after 30 iterations, and is not after 2 (the information builds up)."""
+    from gleak.defenses.cgd_training import invert_preactivation_wire
+
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        n, d, h = 24, 30, 8
+        x, y = torch.rand(n, d, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
+        part = Partition(2, 3)
+        layout = make_layout(x, y, part)
+        net = ConfinedMLP(layout, [d, h, 3], init_deltas(part.m, 0.1, None, seed), seed, dtype=torch.float64)
+        wire, offsets = [], []
+        for _ in range(30):
+            wire.append(net.summed_preactivations(net.partial_preactivations()))  # what the secure sum reveals
+            offsets.append(net.public_first_offset())
+            net.step(0.5)
+        for i, (lo, hi) in enumerate(blocks(n, part.rows)):
+            late = invert_preactivation_wire([z[i, : hi - lo] for z in wire], offsets)
+            early = invert_preactivation_wire([z[i, : hi - lo] for z in wire[:2]], offsets[:2])
+            assert float((late - x[lo:hi]).abs().max()) < 0.05
+            assert float((early - x[lo:hi]).abs().max()) > 0.1
