@@ -447,6 +447,13 @@ class ConfinedMLP:
         w1, b1 = self.first_layer(l)
         return [w1, b1, *self._own_upper(l)]
 
+    def public_first_offset(self) -> tuple[Tensor, Tensor]:
+        """(D, H_1) and (H_1,): the first layer's shared offset on all features (the feature groups' offsets stacked,
+        padding removed) and the sum of the groups' bias offsets. Public: it is minus the sum of alpha_k times the
+        revealed group sums, which the aggregator reconstructs every iteration (mode "cgd")."""
+        w = torch.cat([self.off1[j, : len(f)] for j, f in enumerate(self.layout.features)])
+        return w, self.offb1.sum(0)
+
     def evaluate(self, x_test: Tensor, y_test: Tensor, participants: Tensor) -> tuple[Tensor, Tensor]:
         """Test accuracy and loss of each listed participant's model (model_params) on its features of the test set
         (all of them in the vfl reading: a sample block's hidden layer is computed once for its participants)."""
@@ -470,6 +477,24 @@ class ConfinedMLP:
             accs[k] = float((h.argmax(1) == y_test).double().mean())
             losses[k] = float(F.cross_entropy(h, y_test))
         return accs, losses
+
+
+def invert_preactivation_wire(wire: list[Tensor], offsets: list[tuple[Tensor, Tensor]], rtol: float = 1e-10) -> Tensor:
+    """What the vfl reading's extra wire gives away: every sample of a block, from the aggregator's view alone.
+
+    wire[k]: the summed pre-activations of a block's samples at iteration k + 1, (s, H_1), as the secure sum reveals
+    them; offsets[k]: the public first-layer offset at that iteration (ConfinedMLP.public_first_offset). A sample's
+    summed pre-activation is z_k = x (W_1 + O_k) + b_1 + o_k with W_1, b_1 the block's confined init (secret, fixed)
+    and O_k, o_k public, so z_k - z_1 = x (O_k - O_1) + (o_k - o_1): (K - 1) H_1 linear equations in the D features
+    of x with known coefficients. The offsets are sums of gradients, which lie in the span of the training samples,
+    and so does x: the minimum-norm least-squares solution is x itself once the offsets span it (K - 1 >= about
+    D / H_1 iterations for a block of D-dimensional samples). No colluder is needed. Returns (s, D)."""
+    if len(wire) < 2:
+        raise ValueError("the wire of at least two iterations is needed (differences cancel the secret init)")
+    w0, b0 = offsets[0]
+    a = torch.cat([(w - w0) for w, _ in offsets[1:]], dim=1).to(torch.float64)  # (D, (K - 1) H_1)
+    rhs = torch.cat([(z - wire[0]) - (b - b0) for z, (_, b) in zip(wire[1:], offsets[1:])], dim=1).to(torch.float64)
+    return rhs @ torch.linalg.pinv(a, rtol=rtol)
 
 
 def reference_train(

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gleak.attribution import attribute_measured_configuration, undefended_baseline
 from gleak.claims import folder_claims, with_claims
 from gleak.errors import InputError
 from gleak.figures import atomic_write_bytes
@@ -162,6 +163,7 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     (95% interval of the mean over seeds). blind_psnr / blind_mse / blind_ssim: the blind guess on the same batches
     (median, median, mean). verdict: `median_verdict` of the trials' verdicts; recovered: their share recovered."""
     keys = CASE_KEYS + ["variant", "defense", "defense_params", "attack", "attack_params"]
+    df = attribute_measured_configuration(df)  # a CGD verdict belongs to the partition it was measured at
     df = df.assign(variant=case_variants(df))
     if "psnr" in df:  # rows stored before the per-image cap (an older gleak's inf for exact recoveries)
         df = df.assign(psnr=pd.to_numeric(df["psnr"], errors="coerce").clip(upper=PSNR_CEILING))
@@ -390,8 +392,8 @@ def attack_defense_matrix(agg: pd.DataFrame, dr: pd.DataFrame, vd: dict, va: dic
 
 def _utility_intro(cfg: Any, utility: pd.DataFrame) -> str:
     algo = "FedSGD" if cfg.algorithm == "fedsgd" else f"FedAvg ({cfg.local_steps} local steps at lr {cfg.lr})"
-    base = utility["baseline_accuracy"].dropna()
-    base_txt = f"{100 * float(base.iloc[0]):.2f}%" if len(base) else "unavailable"
+    base = undefended_baseline(utility)  # not a CGD row's own centralized run
+    base_txt = f"{100 * base:.2f}%" if base is not None else "unavailable"
     text = (
         f"Accuracy: top-1 on the test split after federated training of `{cfg.model}` on `{cfg.dataset}`: {algo}, "
         f"{cfg.clients} clients with IID shards, {cfg.rounds} rounds, batch {cfg.batch_size} per client"
@@ -844,7 +846,7 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
     acc_of = {}
     if utility is not None:
         acc_of = {(u["defense"], u["defense_params"]): _num(u["accuracy"]) for _, u in utility.iterrows()}
-    base_acc = _num(utility["baseline_accuracy"].dropna().iloc[0]) if utility is not None and utility["baseline_accuracy"].notna().any() else None
+    base_acc = undefended_baseline(utility)
     for name, key, series in strength_series(agg, vd):
         lines, accs = [], []
         for label, xs in series:

@@ -1,0 +1,67 @@
+"""For which number of participants m each attack still recovers the victim's sample through CGD and through FedSGD
+with the same secure sum, with no colluders (t = 0) and with t = m - 2: the cgd-attacks suite's stored trials as one
+table per model (rows: attack, protocol, colluders; columns: m; cells: the share of seeds recovered and the median
+PSNR). Nothing is rerun here.
+
+    python -m gleak run suites/cgd-attacks.toml      # trains nothing, attacks: results/cgd-attacks/
+    python benchmarks/cgd_attacks.py --out results/cgd-attacks
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def frame(folder: Path) -> pd.DataFrame:
+    """One row per finished trial: model, m, protocol, t kind, attack, verdict, PSNR."""
+    csv = folder / "results.csv"
+    if not csv.is_file():
+        print(f"{folder}: no results.csv; run `python -m gleak run suites/cgd-attacks.toml` first", file=sys.stderr)
+        raise SystemExit(2)
+    df = pd.read_csv(csv, keep_default_na=False, na_values=[""])
+    df = df[(df["defense"] == "cgd") & (df["status"] == "ok")]
+    rows = []
+    for _, r in df.iterrows():
+        p, case = json.loads(r["defense_params"]), json.loads(r["case"])
+        m = int(case.get("clients", 1))
+        t = m - 2 if p.get("colluders") is None else int(p["colluders"])
+        rows.append({"model": r["model"], "m": m, "protocol": "cgd" if p.get("confined", True) else "fedsgd+secure-sum",
+                     "colluders": "t = 0" if t == 0 else "t = m - 2" if t == m - 2 else f"t = {t}",
+                     "attack": r["attack"], "recovered": r["verdict"] == "recovered", "psnr": float(r["psnr"])})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def tables(df: pd.DataFrame) -> list[str]:
+    out = []
+    ms = sorted(df["m"].unique())
+    for model, g in df.groupby("model", sort=False):
+        out += [f"{model}: share of seeds recovered (median PSNR in dB) by the number of participants m; the victim "
+                f"holds one sample, the observer the sum over the m - t honest participants.", "",
+                "| attack | protocol | colluders | " + " | ".join(f"m = {m}" for m in ms) + " |",
+                "| --- " * (3 + len(ms)) + "|"]  # fmt: skip
+        for (a, proto, t), h in g.groupby(["attack", "protocol", "colluders"], sort=True):
+            cells = []
+            for m in ms:
+                c = h[h["m"] == m]
+                cells.append("" if c.empty else f"{int(c['recovered'].sum())}/{len(c)} ({c['psnr'].median():.1f})")
+            out.append(f"| {a} | {proto} | {t} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "results" / "cgd-attacks"), help="the suite's output folder")
+    args = ap.parse_args()
+    print("\n".join(tables(frame(Path(args.out)))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
