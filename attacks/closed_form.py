@@ -61,13 +61,13 @@ import torch
 
 from gleak.errors import UnsupportedCase
 from gleak.models import first_linear
-from gleak.plugin import Attack, check_choice
+from gleak.plugin import Attack, DefenseAware, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Observation, Reconstruction
 
 
 @register_attack("closed-form")
-class ClosedForm(Attack):
+class ClosedForm(DefenseAware, Attack):
     """Exact input recovery from the first linear layer's gradient: x = dW[i] / db[i] (seed 002).
 
     Parameters
@@ -95,19 +95,8 @@ class ClosedForm(Attack):
         check_choice("rows", rows, ("auto", "largest", "per-class", "agreement"))
         if tol is not None and not tol > 0:
             raise ValueError(f"tol must be > 0, got {tol}")
-        if not isinstance(defense_aware, bool):
-            raise ValueError(f"defense_aware must be true or false, got {defense_aware!r}")
-        self.rows, self.tol, self.defense_aware = rows, tol, defense_aware
-        if defense_aware:
-            self.needs = self.needs | {"knows_defense"}
-
-    @classmethod
-    def identity_params(cls, params: dict) -> dict:
-        """The stored parameters: defense_aware (added with issue 13) only where True, so earlier ids stay valid."""
-        out = dict(params)
-        if not out.get("defense_aware", False):
-            out.pop("defense_aware", None)
-        return out
+        self.rows, self.tol = rows, tol
+        self.use_defense_knowledge(defense_aware)
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
         model, k = observation.model, observation.knowledge

@@ -27,7 +27,7 @@ from gleak.attacks._gradmatch import (
     wire_box,
 )
 from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack
+from gleak.plugin import Attack, DefenseAware
 from gleak.registry import register_attack
 from gleak.threat import Observation, Reconstruction
 from gleak.progress import report as report_progress
@@ -41,7 +41,7 @@ def soft_cross_entropy(logits: Tensor, label_logits: Tensor) -> Tensor:
 
 
 @register_attack("dlg")
-class DLG(Attack):
+class DLG(DefenseAware, Attack):
     """DLG (Zhu et al., NeurIPS 2019): L-BFGS on dummy images and soft labels, Euclidean gradient distance.
 
     Parameters
@@ -113,14 +113,7 @@ class DLG(Attack):
         self.max_iter = max_iter
         if labels == "given":
             self.needs = self.needs | {"labels"}
-        self.defense_aware = defense_aware
-        if defense_aware:
-            self.needs = self.needs | {"knows_defense"}
-
-    @classmethod
-    def identity_params(cls, params: dict) -> dict:
-        """defense_aware was added later (issue 13): left out of trial ids at False, so earlier ids stay valid."""
-        return {k: v for k, v in params.items() if not (k == "defense_aware" and v is False)}
+        self.use_defense_knowledge(defense_aware)
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
         model, names, params = attack_model(observation)

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, check_choice
+from gleak.plugin import Attack, DefenseAware, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Knowledge, Observation, Reconstruction
 
@@ -87,7 +87,7 @@ def thresholds(values: Tensor, bins: int, distribution: str, lowest_bin: str) ->
 
 
 @register_attack("imprint")
-class Imprint(Attack):
+class Imprint(DefenseAware, Attack):
     """Robbing the Fed (Fowl et al., ICLR 2022): an imprint block in front of the model, inputs read from bin differences.
 
     Active: `prepare` returns a new model, Imprinted(imprint, model). The imprint layer is Linear(d -> k) whose k rows
@@ -188,14 +188,7 @@ class Imprint(Attack):
         self.bins, self.measurement, self.distribution = bins, measurement, distribution
         self.lowest_bin, self.selection = lowest_bin, selection
         self.gain = REFERENCE_DECODER * bins if gain is None else float(gain)
-        self.defense_aware = defense_aware
-        if defense_aware:
-            self.needs = self.needs | {"knows_defense"}
-
-    @classmethod
-    def identity_params(cls, params: dict) -> dict:
-        """defense_aware was added later (issue 13): left out of trial ids at False, so earlier ids stay valid."""
-        return {k: v for k, v in params.items() if not (k == "defense_aware" and v is False)}
+        self.use_defense_knowledge(defense_aware)
 
     def prepare(self, model: nn.Module, knowledge: Knowledge, rng: torch.Generator) -> nn.Module:
         if knowledge.public_x is None or len(knowledge.public_x) < 2:

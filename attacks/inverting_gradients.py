@@ -31,7 +31,7 @@ from gleak.attacks._gradmatch import (
     wire_box,
 )
 from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, check_choice
+from gleak.plugin import Attack, DefenseAware, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Observation, Reconstruction
 from gleak.progress import report as report_progress
@@ -70,7 +70,7 @@ def milestones(iterations: int) -> tuple[int, int, int]:
 
 
 @register_attack("inverting-gradients")
-class InvertingGradients(Attack):
+class InvertingGradients(DefenseAware, Attack):
     """Inverting Gradients (Geiping et al., NeurIPS 2020): cosine gradient distance + TV, signed Adam, boxed, restarts.
 
     Parameters
@@ -146,14 +146,7 @@ class InvertingGradients(Attack):
                       f"{preset!r} tuned TV {PRESETS[preset][1]:g} for; set tv for this budget, or expect an understated attack")  # fmt: skip
         if labels == "given":
             self.needs = self.needs | {"labels"}
-        self.defense_aware = defense_aware
-        if defense_aware:
-            self.needs = self.needs | {"knows_defense"}
-
-    @classmethod
-    def identity_params(cls, params: dict) -> dict:
-        """defense_aware was added later (issue 13): left out of trial ids at False, so earlier ids stay valid."""
-        return {k: v for k, v in params.items() if not (k == "defense_aware" and v is False)}
+        self.use_defense_knowledge(defense_aware)
 
     @property
     def under_budget(self) -> bool:

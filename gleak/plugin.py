@@ -76,6 +76,27 @@ class Attack(Plugin):
         raise NotImplementedError
 
 
+class DefenseAware:
+    """The `defense_aware` option of an attack (issue 13; one name on every attack that has it): when set, the
+    instance needs "knows_defense" and reads observation.knowledge.defense. Added after the attacks' first release,
+    so a False value stays out of trial ids (`identity_params`) and earlier ids stay valid."""
+
+    defense_aware: bool = False
+
+    def use_defense_knowledge(self, defense_aware: bool) -> None:
+        """Store the option (validated) and, when set, add "knows_defense" to this instance's needs."""
+        if not isinstance(defense_aware, bool):
+            raise ValueError(f"defense_aware must be true or false, got {defense_aware!r}")
+        self.defense_aware = defense_aware
+        if defense_aware:
+            self.needs = self.needs | {"knows_defense"}  # type: ignore[attr-defined]
+
+    @classmethod
+    def identity_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """The stored parameters: defense_aware only where True."""
+        return {k: v for k, v in params.items() if not (k == "defense_aware" and v is False)}
+
+
 class Defense(Plugin):
     """The client side: how a client computes its gradients and what it does to its update before sending it.
 
