@@ -90,6 +90,16 @@ def test_defense_aware_dlg_beats_plain_dlg_where_it_has_an_answer(defense, param
     assert sum(a > p for a, p in zip(aware, plain)) >= 2, (plain, aware)
 
 
+def test_defense_aware_dlg_through_int8_is_never_weaker_than_plain_dlg():
+    # The cells of int-8 hold many wrong images on a sigmoid LeNet: DLG started inside them stops at a zero
+    # distance short of the image (measured, 16 px, 30 steps, soft labels: 39.4 / 41.8 / 39.8 dB from scratch
+    # against 45.8 / 51.5 / 48.2 plain). Polishing the plain solution in the cells keeps it (46.1 / 51.9 / 48.4).
+    lenet16 = CaseConfig(dataset="skimage", model="lenet", resolution=16)
+    plain, aware = _psnrs("dlg", {"iterations": 30, "restarts": 1}, "quantization", {"bits": 8}, lenet16)
+    assert all(a >= p - 0.1 for a, p in zip(aware, plain)), (plain, aware)
+    assert statistics.mean(aware) >= statistics.mean(plain), (plain, aware)
+
+
 @pytest.mark.parametrize("attack,params,defense,dparams", [
     ("dlg", {"iterations": 5, "restarts": 1, "labels": "idlg"}, "noise", {"sigma": 1e-3}),
     ("dlg", {"iterations": 5, "restarts": 1, "labels": "idlg"}, "quantization", {"bits": 4}),
