@@ -243,7 +243,8 @@ def defense_ranking(agg: pd.DataFrame, utility: pd.DataFrame | None = None) -> p
         if len(img):
             img = img.sort_values(["psnr", "mse_median"], ascending=[False, True], kind="stable")
             worst = img.iloc[0]
-            row.update(worst_attack=worst["attack"], worst_case=_case_text(worst), **{k: worst.get(k) for k in _WORST_KEYS})
+            row.update(worst_attack=worst["attack"], worst_attack_params=worst["attack_params"], worst_case=_case_text(worst),
+                       **{k: worst.get(k) for k in _WORST_KEYS})  # fmt: skip
         lab = g[g["label_acc"].notna()]
         if len(lab):
             best = lab.loc[lab["label_acc"].idxmax()]
@@ -367,6 +368,15 @@ def _attack_label(name: str, params_js: str, va: dict[str, set[str]]) -> str:
     return name if p == "-" else f"{name} {p}"
 
 
+def _worst_attack_text(r: Any, va: dict[str, set[str]]) -> str:
+    """The worst attack with the parameters that tell it from its siblings in the suite (defense_aware=True for an
+    adaptive variant), so a reader sees which of them broke the defense."""
+    name, params_js = r.get("worst_attack"), r.get("worst_attack_params")
+    if not isinstance(name, str):
+        return ""
+    return _attack_label(name, params_js, va) if isinstance(params_js, str) else name
+
+
 def attack_defense_matrix(agg: pd.DataFrame, dr: pd.DataFrame, vd: dict, va: dict) -> tuple[list[str], list[list[str]]]:
     """Each attack's best result against each defense configuration (over cases): the PSNR and verdict of its best
     image reconstruction, or its best label accuracy for label-only attacks. Rows in the defense ranking's order."""
@@ -440,7 +450,7 @@ def leaderboard_document(
     rows = []
     for _, r in dr.iterrows():
         row = [str(r["rank"]), r["defense"], _params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"])),
-               _s(r.get("worst_attack")), _s(r.get("worst_case")), _fmt(r.get("psnr"), "2"), _ms(r, "psnr", "2", ci=True),
+               _worst_attack_text(r, va), _s(r.get("worst_case")), _fmt(r.get("psnr"), "2"), _ms(r, "psnr", "2", ci=True),
                _fmt(r.get("blind_psnr"), "2"), _fmt(r.get("mse_median"), "e"), _ms(r, "ssim", "3", mean_key="ssim"),
                _fmt(r.get("lpips"), "3"), _s(r.get("verdict")), _fmt(r.get("recovered"), "pct"), _label_text(r),
                _fmt(r.get("grad_dist"), "3")]  # fmt: skip
@@ -456,7 +466,7 @@ def leaderboard_document(
     for name, g in dr[dr["defense"] != "none"].groupby("defense", sort=False):
         hit = g[g["verdict"] == "recovered"] if "verdict" in g else g.iloc[:0]
         if len(hit):
-            by = ", ".join(sorted(set(hit["worst_attack"])))
+            by = ", ".join(sorted({_worst_attack_text(r, va) for _, r in hit.iterrows()}))
             broken.append(f"{name} in {len(hit)} of its {len(g)} configurations (by {by})")
     if broken:
         doc.append(("p", "Broken: an attack recovers the victim's data (verdict recovered, by the rule above) through "
