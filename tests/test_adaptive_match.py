@@ -106,6 +106,7 @@ def test_defense_aware_dlg_through_int8_is_never_weaker_than_plain_dlg():
     ("dlg", {"iterations": 5, "restarts": 1, "labels": "idlg"}, "none", {}),
     ("inverting-gradients", {"iterations": 20, "tv": 1e-4}, "quantization", {"bits": 8}),
     ("inverting-gradients", {"iterations": 20, "tv": 1e-4}, "noise", {"sigma": 1e-3}),
+    ("inverting-gradients", {"iterations": 20, "tv": 1e-4}, "topk", {"ratio": 0.2}),  # under mask_from: plain
     ("dlg", {"iterations": 5, "restarts": 1, "labels": "idlg"}, "outpost", {}),
 ])  # fmt: skip
 def test_without_an_answer_it_is_exactly_the_plain_attack(attack, params, defense, dparams):
