@@ -40,7 +40,7 @@ class DGP(Defense):
     attacker relies on (Robbing the Fed's imprint bins).
     Algorithm 2 (error feedback, Karimireddy et al. 2019): p_t = g_t + e_t, send DGP(p_t), e_{t+1} = p_t - DGP(p_t);
     the residual is kept per client across rounds (reset between trials). It only differs from plain DGP in cases
-    with warm-up rounds (case key `rounds`).
+    with warm-up rounds (case key `warmup_rounds`).
     What error feedback does with the dropped top entries: they go back into the residual with the bottom ones
     (everything not sent is fed back). Sources (issue 17): (1) seed 001, the only text of the paper here (its
     Algorithm 2 is not in it, and the searchable copies of the AAAI 2024 paper / arXiv 2401.16687 are abstract pages

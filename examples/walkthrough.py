@@ -78,7 +78,7 @@ model = "mlp"
 model_params = { hidden = [32] }
 resolution = 16
 clients = 2
-rounds = 30
+training_rounds = 30
 batch_size = 8
 """
 (OUT / "walkthrough.toml").write_text(SUITE)

@@ -14,6 +14,32 @@ from typing import Any, ClassVar, Literal
 # Bump when a change to gleak alters what an existing config computes, so that stored results are not reused.
 TRIAL_FORMAT = 1
 
+# Renamed keys, old spelling -> current name (issue 12: "rounds" meant three things). Suites and the API accept the old
+# spelling (both at once is an error); stored configs, trial ids and utility ids keep the old one, so that stored
+# results stay valid and no published file changes. The three kinds of rounds: a case's warm-up rounds
+# (CaseConfig.warmup_rounds), a protocol's observed rounds (Protocol.observed_rounds()), a utility run's training
+# rounds (UtilityConfig.training_rounds).
+CASE_RENAMED = {"rounds": "warmup_rounds"}
+UTILITY_RENAMED = {"rounds": "training_rounds"}
+
+
+def current_names(raw: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    """raw with old spellings replaced by the current names, in place of the old key (order kept). A key given in both
+    spellings raises KeyError(old spelling, message)."""
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        new = renamed.get(k)
+        if new is not None and new in raw:
+            raise KeyError(k, f"is the old name of {new}: give {new} only")
+        out[new or k] = v
+    return out
+
+
+def stored_names(d: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    """d with current names written in their stored (first) spelling, order kept."""
+    back = {new: old for old, new in renamed.items()}
+    return {back.get(k, k): v for k, v in d.items()}
+
 
 @dataclass(frozen=True)
 class CaseConfig:
@@ -33,7 +59,7 @@ class CaseConfig:
     update: Literal["fedsgd", "fedavg"] = "fedsgd"
     local_steps: int = 1  # fedavg only
     local_lr: float = 0.1  # fedavg's local SGD step (deprecated meaning, FedSGD cases: the warm-up server step)
-    rounds: int = 0  # warm-up rounds the clients train under the defense before the attacked round
+    warmup_rounds: int = 0  # rounds the clients train under the defense before the observed ones (stored as "rounds")
     # The server's step on the mean FedSGD gradient in warm-up rounds (None: local_lr, its historical spelling).
     server_lr: float | None = None
     # The attacked model (gleak.pretrain): "untrained" (fresh init from the trial seed) or "trained" first for
@@ -61,7 +87,13 @@ class CaseConfig:
         return self.local_lr if self.server_lr is None else self.server_lr
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The stored form (old spellings of renamed keys: CASE_RENAMED)."""
+        return stored_names(dataclasses.asdict(self), CASE_RENAMED)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CaseConfig":
+        """From a stored or a user's dict (either spelling of renamed keys)."""
+        return cls(**current_names(d, CASE_RENAMED))
 
     def identity(self) -> dict[str, Any]:
         d = self.to_dict()
@@ -87,8 +119,8 @@ def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
         problems.append(("channels", f"must be 1 or 3, got {case.channels}"))
     if case.local_steps < 1:
         problems.append(("local_steps", f"must be >= 1, got {case.local_steps}"))
-    if case.rounds < 0:
-        problems.append(("rounds", f"must be >= 0, got {case.rounds}"))
+    if case.warmup_rounds < 0:
+        problems.append(("warmup_rounds", f"must be >= 0, got {case.warmup_rounds}"))
     if case.server_lr is not None:
         if not case.server_lr > 0:
             problems.append(("server_lr", f"must be > 0, got {case.server_lr}"))
@@ -105,7 +137,8 @@ def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
 # Upper bounds of counts and sizes: far above any benchmark (the largest shipped suite uses a tenth or less), low
 # enough that a value typed with too many zeros is refused at validation instead of running out of memory or time.
 UPPER_BOUNDS = {
-    "batch_size": 100_000, "clients": 100_000, "resolution": 1024, "local_steps": 1_000_000, "rounds": 1_000_000,
+    "batch_size": 100_000, "clients": 100_000, "resolution": 1024, "local_steps": 1_000_000, "warmup_rounds": 1_000_000,
+    "training_rounds": 1_000_000,
     "train_steps": 10_000_000, "train_batch_size": 100_000,
 }  # fmt: skip
 
@@ -183,7 +216,7 @@ class TrialConfig:
     def from_json(text: str) -> "TrialConfig":
         d = json.loads(text)
         return TrialConfig(
-            d["suite"], d["attack"], d["attack_params"], d["defense"], d["defense_params"], CaseConfig(**d["case"]), d["seed"]
+            d["suite"], d["attack"], d["attack_params"], d["defense"], d["defense_params"], CaseConfig.from_dict(d["case"]), d["seed"]
         )
 
 
@@ -201,7 +234,7 @@ class UtilityConfig:
     channels: int | None = None
     algorithm: Literal["fedsgd", "fedavg"] = "fedsgd"
     clients: int = 10  # all take part in every round; the train split is dealt into this many IID shards
-    rounds: int = 200
+    training_rounds: int = 200  # stored as "rounds"
     lr: float = 0.1  # fedsgd: the server's step on the mean gradient; fedavg: the clients' local step (server step 1)
     batch_size: int = 32  # per client and round (fedsgd) or per local step (fedavg)
     local_steps: int = 1  # fedavg only
@@ -214,8 +247,14 @@ class UtilityConfig:
     LATER_FIELDS: ClassVar[dict[str, Any]] = {"dirichlet_alpha": None}
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        """The stored form (old spellings of renamed keys: UTILITY_RENAMED); the utility id hashes it."""
+        d = stored_names(dataclasses.asdict(self), UTILITY_RENAMED)
         return {k: v for k, v in d.items() if k not in self.LATER_FIELDS or v != self.LATER_FIELDS[k]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "UtilityConfig":
+        """From a stored or a user's dict (either spelling of renamed keys)."""
+        return cls(**current_names(d, UTILITY_RENAMED))
 
 
 UTILITY_FIELDS = {f.name: f for f in dataclasses.fields(UtilityConfig)}
@@ -224,7 +263,7 @@ UTILITY_FIELDS = {f.name: f for f in dataclasses.fields(UtilityConfig)}
 def check_utility_values(u: UtilityConfig) -> list[tuple[str, str]]:
     """(key, problem) pairs for [utility] values that have the right type but are out of range."""
     problems = []
-    for key in ("clients", "rounds", "batch_size", "local_steps"):
+    for key in ("clients", "training_rounds", "batch_size", "local_steps"):
         if getattr(u, key) < 1:
             problems.append((key, f"must be >= 1, got {getattr(u, key)}"))
     if not u.lr > 0:

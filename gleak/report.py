@@ -406,7 +406,7 @@ def _utility_intro(cfg: Any, utility: pd.DataFrame) -> str:
     base_txt = f"{100 * base:.2f}%" if base is not None else "unavailable"
     text = (
         f"Accuracy: top-1 on the test split after federated training of `{cfg.model}` on `{cfg.dataset}`: {algo}, "
-        f"{cfg.clients} clients with IID shards, {cfg.rounds} rounds, batch {cfg.batch_size} per client"
+        f"{cfg.clients} clients with IID shards, {cfg.training_rounds} rounds, batch {cfg.batch_size} per client"
         f"{' and step' if cfg.algorithm == 'fedavg' else ''}, lr {cfg.lr}, seed {cfg.seed}, the defense on every "
         f"client's update in every round; every run draws the same batches. Baseline without defense: {base_txt}."
     )
@@ -757,7 +757,7 @@ def _load_committed(folder: Path) -> dict[str, Any]:
     cfg = meta.get("utility_config")
     rule = meta.get("verdict", "margin")
     return {"df": apply_verdicts(df, rule), "utility": utility, "rule": rule,
-            "utility_cfg": UtilityConfig(**cfg) if cfg else None, "suite": meta.get("suite", folder.name),
+            "utility_cfg": UtilityConfig.from_dict(cfg) if cfg else None, "suite": meta.get("suite", folder.name),
             "description": meta.get("description", "")}  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from gleak import registry
 from gleak.config import (
-    CASE_FIELDS, UTILITY_FIELDS, CaseConfig, TrialConfig, UtilityConfig, check_case_values, check_utility_values,
+    CASE_FIELDS, CASE_RENAMED, UTILITY_FIELDS, UTILITY_RENAMED, CaseConfig, current_names, TrialConfig, UtilityConfig, check_case_values, check_utility_values,
 )  # fmt: skip
 from gleak.errors import InputError, UnknownPluginError
 
@@ -193,14 +193,23 @@ def _plugins(kind: str, entries: Any, where: _Where, table: str) -> list[tuple[s
     return out
 
 
+def _current(raw: dict[str, Any], renamed: dict[str, str], where: _Where, table: str) -> dict[str, Any]:
+    """A table's keys in their current names (a renamed key's old spelling is accepted; both at once is an error)."""
+    try:
+        return current_names(raw, renamed)
+    except KeyError as exc:
+        raise where.error(table, exc.args[0], exc.args[1]) from None
+
+
 def _cases(raw: Any, where: _Where, table: str) -> list[CaseConfig]:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise where.error(table, None, "must be a table")
+    raw = _current(raw, CASE_RENAMED, where, table)
     for k in raw:
         if k not in CASE_FIELDS:
-            raise where.error(table, k, f"unknown key{_close(k, CASE_FIELDS)} (keys: {', '.join(CASE_FIELDS)})")
+            raise where.error(table, k, f"unknown key{_close(k, [*CASE_FIELDS, *CASE_RENAMED])} (keys: {', '.join(CASE_FIELDS)})")
     hints = typing.get_type_hints(CaseConfig)
     try:
         points = _axes(raw, hints)
@@ -265,9 +274,10 @@ def _utility(raw: Any, where: _Where) -> UtilityConfig:
     if not isinstance(raw, dict):
         raise where.error(table, None, "must be a table")
     hints = typing.get_type_hints(UtilityConfig)
+    raw = _current(raw, UTILITY_RENAMED, where, table)
     for k, v in raw.items():
         if k not in UTILITY_FIELDS:
-            raise where.error(table, k, f"unknown key{_close(k, UTILITY_FIELDS)} (keys: {', '.join(UTILITY_FIELDS)})")
+            raise where.error(table, k, f"unknown key{_close(k, [*UTILITY_FIELDS, *UTILITY_RENAMED])} (keys: {', '.join(UTILITY_FIELDS)})")
         if not registry.check_value(hints[k], v):
             raise where.error(table, k, f"must be {registry.expected(hints[k], v)}")
     u = UtilityConfig(**raw)
@@ -392,7 +402,8 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
                 if not isinstance(t.get(key, {}), dict):
                     raise where.error(table if t is g else "case", key if t is g else None, "must be a table")
             merged = {
-                "case": {**doc.get("case", {}), **g.get("case", {})},
+                "case": {**_current(doc.get("case", {}), CASE_RENAMED, where, "case"),
+                         **_current(g.get("case", {}), CASE_RENAMED, where, table)},
                 "attack": g.get("attack", doc.get("attack")),
                 "defense": g.get("defense", doc.get("defense")),
             }

@@ -1,7 +1,7 @@
 """One trial, end to end. This file is the whole flow of the benchmark, one way:
 
     suite -> trial config -> case (data, model, seed) -> protocol and client defense (gleak.protocol.trial_setup)
-    -> warm-up rounds (case.rounds, run_rounds) -> attack.prepare (active attacks modify the model the server sends)
+    -> warm-up rounds (case.warmup_rounds, run_rounds) -> attack.prepare (active attacks modify the model the server sends)
     -> observed rounds (run_rounds: client update -> defense transform -> wire -> protocol's view)
     -> gate (gleak.gate: the observation from the wire and the attack's needs) -> attack.reconstruct
     -> score -> row for the store
@@ -79,7 +79,7 @@ def _client_rngs(cfg: TrialConfig, tag: Callable[[int], str]) -> Callable[[int],
 
 
 def warm_up_schedule(ds: ImageDataset, cfg: TrialConfig) -> Schedule:
-    """The `case.rounds` honest rounds before the attacked one: a fresh batch per client and round, the clients'
+    """The `case.warmup_rounds` honest rounds before the attacked one: a fresh batch per client and round, the clients'
     and the round's own generators (so adding rounds never changes the earlier ones)."""
     dtype = DTYPES[cfg.case.dtype]
     return Schedule(
@@ -167,7 +167,7 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
     victim = on_device(batches[:1])[0]
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
-    models, warm = run_rounds(protocol, defenses, models, cfg.case.rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
+    models, warm = run_rounds(protocol, defenses, models, cfg.case.warmup_rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
     if protocol.shared_model:  # the server sends its model; an active attack builds it (a new module)
         models = [attack.prepare(models[0], knowledge, generator(cfg.seed, "attack-prepare"))] * len(batches)
     models, seen = run_rounds(protocol, defenses, models, protocol.observed_rounds(), observed_schedule(batches, cfg),

@@ -5,7 +5,7 @@
     model = "mlp"
     algorithm = "fedsgd"         or "fedavg" with local_steps
     clients = 10
-    rounds = 1000
+    training_rounds = 1000      ("rounds", its first spelling, is accepted)
 
 The loop (`federated_training`): the train split is shuffled once and dealt into `clients` equal IID shards. Each
 round every client draws its batch uniformly without replacement from its own shard (batch_size samples, or
@@ -83,7 +83,7 @@ def load_utility_data(cfg: UtilityConfig) -> tuple[ImageDataset, ImageDataset]:
 def accounting(cfg: UtilityConfig, train_size: int) -> tuple[float, int]:
     """(sampling rate, steps) of one client's data under the run: B / shard size, rounds x local steps."""
     shard = train_size // cfg.clients
-    steps = cfg.rounds * (cfg.local_steps if cfg.algorithm == "fedavg" else 1)
+    steps = cfg.training_rounds * (cfg.local_steps if cfg.algorithm == "fedavg" else 1)
     return cfg.batch_size / shard, steps
 
 
@@ -125,7 +125,7 @@ def federated_training(
     cfg: UtilityConfig, protocol: Protocol, defense: tuple[str, dict[str, Any]], train: ImageDataset,
     test: ImageDataset, on_round: Callable[[], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Train under `protocol` with `defense` (name, params) on every client's update for cfg.rounds rounds through
+    """Train under `protocol` with `defense` (name, params) on every client's update for cfg.training_rounds rounds through
     run_rounds; {"accuracy", "curve"}."""
     dtype = torch.float32
     model = create_model(cfg.model, train.input_shape, train.num_classes, seed=derive_seed(cfg.seed, "utility-model"),
@@ -144,7 +144,7 @@ def federated_training(
     defense_rng = generator(cfg.seed, "utility-defense")
     client_rngs = [generator(cfg.seed, f"utility-client/{i}") for i in range(cfg.clients)]
     per_round = cfg.batch_size * (cfg.local_steps if cfg.algorithm == "fedavg" else 1)
-    marks = {math.ceil(cfg.rounds * k / CURVE_POINTS) for k in range(1, CURVE_POINTS + 1)}
+    marks = {math.ceil(cfg.training_rounds * k / CURVE_POINTS) for k in range(1, CURVE_POINTS + 1)}
     curve: list[list[float]] = []
 
     def batches(r: int) -> list[ClientBatch]:
@@ -163,7 +163,7 @@ def federated_training(
     protocol.reset()
     models = protocol.client_models(model, cfg.clients, generator(cfg.seed, "utility-client-models"))
     schedule = Schedule(batches, lambda r: client_rngs, lambda r: defense_rng)
-    run_rounds(protocol, defenses, models, cfg.rounds, schedule, protocol.utility_lr(cfg), observe=False, on_round=after)
+    run_rounds(protocol, defenses, models, cfg.training_rounds, schedule, protocol.utility_lr(cfg), observe=False, on_round=after)
     return {"accuracy": curve[-1][1], "curve": curve}
 
 
@@ -259,7 +259,7 @@ def suite_runs(cfg: UtilityConfig, defenses: list[Any]) -> list[tuple[str, str, 
 
 def _work(cfg_json: str, defense: str, params: dict[str, Any], protocol: Protocolled = None, device: str = "cpu") -> dict[str, Any]:
     torch.set_num_threads(1)
-    return run_utility(UtilityConfig(**json.loads(cfg_json)), defense, params, protocol=protocol, device=device)
+    return run_utility(UtilityConfig.from_dict(json.loads(cfg_json)), defense, params, protocol=protocol, device=device)
 
 
 def _result_or_failed(fut: Any) -> dict[str, Any]:
@@ -303,7 +303,7 @@ def run_utilities(
     store.set_meta(_META, {"baseline": runs[0][0], "members": members, "config": cfg.to_dict()})
     done = store.utility_ok_ids()
     todo = [r for r in runs if r[0] not in done]
-    bar = tqdm(total=len(todo) * cfg.rounds, unit="round", disable=not progress or not todo, dynamic_ncols=True,
+    bar = tqdm(total=len(todo) * cfg.training_rounds, unit="round", disable=not progress or not todo, dynamic_ncols=True,
                file=sys.stderr, desc="utility")  # fmt: skip
     try:
         if workers <= 1 or len(todo) <= 1:
@@ -312,7 +312,7 @@ def run_utilities(
                     bar.set_postfix_str(f"{label(d, proto)} {_json(p)}"[:60], refresh=False)
                     start = bar.n
                     row = run_utility(cfg, d, p, on_round=lambda: bar.update(1), protocol=proto, device=device)
-                    bar.update(start + cfg.rounds - bar.n)  # runs that end early or train themselves
+                    bar.update(start + cfg.training_rounds - bar.n)  # runs that end early or train themselves
                     _put(store, uid, cfg, label(d, proto), p, row)
         else:
             import multiprocessing as mp
@@ -323,7 +323,7 @@ def run_utilities(
                 for fut in as_completed(futs):
                     uid, d, p, proto = futs[fut]
                     _put(store, uid, cfg, label(d, proto), p, _result_or_failed(fut))
-                    bar.update(cfg.rounds)
+                    bar.update(cfg.training_rounds)
     finally:
         bar.close()
     ids = [r[0] for r in runs]
@@ -343,7 +343,7 @@ def run_suite_utility(suite: Any, store: Any, progress: bool = True, workers: in
 def utility_config(store: Any) -> UtilityConfig | None:
     """The training config of the folder's current suite, or None without a [utility] table."""
     meta = store.get_meta(_META)
-    return UtilityConfig(**meta["config"]) if meta and "config" in meta else None
+    return UtilityConfig.from_dict(meta["config"]) if meta and "config" in meta else None
 
 
 def utility_frame(store: Any):

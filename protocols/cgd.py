@@ -6,7 +6,7 @@ Attack trials (gleak.trial): the case's clients are the m participants (the vict
 batch as its whole local data set (horizontal, Algorithm 1). Each participant computes its gradient at its own
 confined model w^l_1 = delta^l N(0, 1); the gradients are summed by additive secret sharing over Z_2^32
 (gleak.secret_sharing, the share protocol itself); every participant steps its own model with alpha_k times the sum
-(`server_step`: CGD's own public schedule, not the case's server step). Warm-up rounds (case rounds > 0) are CGD
+(`server_step`: CGD's own public schedule, not the case's server step). Warm-up rounds (case warmup_rounds > 0) are CGD
 rounds too, on fresh batches, from the same confined models. An active attack is refused (UnsupportedCase): the
 participants never compute at a model the server built, so a prepared model would be silently discarded.
 The adversary is the paper's: up to t <= m - 2 colluding participants (the last t clients) plus the aggregator.
@@ -21,7 +21,7 @@ the public sum of past steps). `confined = false` is the comparison the paper ma
 aggregation over the same clients: one shared model (same init law), known to the observer, same secure sum.
 
 Utility runs (train_utility): Algorithms 1 and 2 on the [utility] data set with the paper's fully connected ReLU
-network (model "mlp"), vectorised across participants (defenses/cgd_training.py). T = [utility] rounds, alpha =
+network (model "mlp"), vectorised across participants (defenses/cgd_training.py). T = [utility] training_rounds, alpha =
 [utility] lr, m = `partition`; the returned accuracy is the worst evaluated confined model (the paper reports the
 worst), baseline_accuracy is centralized training (the same protocol with one participant: full-batch gradient
 descent on all the data, the same init law, T and alpha). With a client defense other than "none" (DP-SGD inside
@@ -160,7 +160,7 @@ class _ConfinedTraining(Protocol):
         if part.rows > len(y):
             raise UnsupportedCase(f"partition {part} has more sample blocks than the {len(y)} training samples")
         common = dict(
-            sizes=sizes, iterations=config.rounds, alpha=config.lr, mu=self.mu, normalize_schedule=self.normalize_schedule,
+            sizes=sizes, iterations=config.training_rounds, alpha=config.lr, mu=self.mu, normalize_schedule=self.normalize_schedule,
             delta=self.delta, delta_high=self.delta_high, grad_scale=self.grad_scale, frac_bits=self.frac_bits,
             seed=derive_seed(seed, "cgd"), progress=True,
         )  # fmt: skip
@@ -251,19 +251,19 @@ def train_per_participant(
         d.reset()
     rngs = [torch.Generator().manual_seed(derive_seed(config.seed, f"cgd/client/{i}")) for i in range(len(models))]
     wire = torch.Generator().manual_seed(derive_seed(config.seed, "cgd/wire"))
-    proto = copy.copy(proto)  # the utility run's schedule: alpha = [utility] lr over T = [utility] rounds
-    proto.alpha, proto.iterations = config.lr, config.rounds
+    proto = copy.copy(proto)  # the utility run's schedule: alpha = [utility] lr over T = [utility] training_rounds
+    proto.alpha, proto.iterations = config.lr, config.training_rounds
     proto.reset()
     proto._models = list(models)
     schedule = Schedule(lambda r: batches, lambda r: rngs, lambda r: wire)
-    models, _ = run_rounds(proto, defenses, models, config.rounds, schedule, config.lr, observe=False)
+    models, _ = run_rounds(proto, defenses, models, config.training_rounds, schedule, config.lr, observe=False)
     if models_only:  # the engine's equality test compares the models themselves
         return models
     accs = torch.tensor([_accuracy(m, x_test, y_test) for m in models])
     spent = [d.privacy_spent() for d in defenses]  # each participant's accountant: full-batch steps
     eps = max(spent) if spent and None not in spent else None
     return {"accuracy": float(accs.min()), "mean_accuracy": float(accs.mean()), "best_accuracy": float(accs.max()),
-            "participants": len(models), "iterations": config.rounds, "train_samples": len(y), "epsilon": eps,
+            "participants": len(models), "iterations": config.training_rounds, "train_samples": len(y), "epsilon": eps,
             "path": "per-participant", "seconds": time.perf_counter() - t0}  # fmt: skip
 
 

@@ -77,17 +77,17 @@ def test_a_utility_run_reports_the_epsilon_opacus_reports():
     from opacus.accountants import RDPAccountant
 
     for algorithm, steps in (("fedsgd", 1), ("fedavg", 2)):
-        cfg = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [16]}, clients=2, rounds=3,
+        cfg = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [16]}, clients=2, training_rounds=3,
                             batch_size=10, algorithm=algorithm, local_steps=steps, delta=1e-4)  # fmt: skip
         row = run_utility(cfg, "noise", {"mode": "dp", "noise_multiplier": 0.9, "clip": 1.0})
         assert row["status"] == "ok", row["error"]
         train, _ = load_utility_data(cfg)
         acc = RDPAccountant()
-        for _ in range(cfg.rounds * steps):  # one step per gradient a client takes
+        for _ in range(cfg.training_rounds * steps):  # one step per gradient a client takes
             acc.step(noise_multiplier=0.9, sample_rate=cfg.batch_size / (len(train) // cfg.clients))
         assert row["epsilon"] == pytest.approx(acc.get_epsilon(delta=1e-4), rel=1e-12)
         assert accounting(cfg, len(train)) == (10 / 100, 3 * steps)
-    assert run_utility(dataclasses.replace(cfg, rounds=1), "noise", {"sigma": 0.1})["epsilon"] is None
+    assert run_utility(dataclasses.replace(cfg, training_rounds=1), "noise", {"sigma": 0.1})["epsilon"] is None
 
 
 def test_target_epsilon_is_opacus_noise_multiplier():

@@ -31,11 +31,11 @@ BASE = {
 }
 KEYS = {
     "suite": ["name", "seeds", "description", "save_images"],
-    "case": ["dataset", "model", "batch_size", "clients", "resolution", "channels", "rounds", "local_steps",
+    "case": ["dataset", "model", "batch_size", "clients", "resolution", "channels", "warmup_rounds", "local_steps",
              "local_lr", "train_lr", "model_params", "data_root", "dtype", "seed"],
     "attack": ["name", "iterations", "lr", "restarts", "tv", "rows"],
     "defense": ["name", "sigma", "ratio", "clip", "noise_multiplier", "mode"],
-    "utility": ["dataset", "model", "rounds", "clients", "batch_size", "lr", "delta", "seed"],
+    "utility": ["dataset", "model", "training_rounds", "clients", "batch_size", "lr", "delta", "seed"],
 }  # fmt: skip
 TRIED: Counter = Counter()
 

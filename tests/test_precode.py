@@ -92,7 +92,7 @@ def _toy(n, seed):
 
 
 def test_the_utility_loop_trains_the_wrapped_model_well_above_chance():
-    cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [32]}, clients=2, rounds=200,
+    cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [32]}, clients=2, training_rounds=200,
                         batch_size=16, lr=0.05)  # fmt: skip
     train, test = _toy(400, 1), _toy(200, 2)
     seen = {}
@@ -125,7 +125,7 @@ class _Observer(Attack):
 
 
 def test_a_trial_wraps_the_model_and_the_observer_holds_the_wrapped_architecture():
-    case = CaseConfig(dataset="skimage", model="mlp", resolution=16, batch_size=1, rounds=1)
+    case = CaseConfig(dataset="skimage", model="mlp", resolution=16, batch_size=1, warmup_rounds=1)
     execute(TrialConfig("t", "test-precode-observer", {}, "precode", {"latent": 8}, case, 0))
     assert _Observer.seen["has_vb"] and any(".encoder." in n for n in _Observer.seen["names"])
     execute(TrialConfig("t", "test-precode-observer", {}, "none", {}, case, 0))

@@ -166,7 +166,7 @@ def test_an_attack_not_granted_the_batch_size_cannot_read_it_anywhere(protocol):
     def seen(batch, needs):
         _Peek.got.clear()
         _Peek.needs = needs
-        case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=batch, clients=2, rounds=1,
+        case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=batch, clients=2, warmup_rounds=1,
                           protocol=protocol, protocol_params=params)  # fmt: skip
         execute(TrialConfig("t", "test-peek", {}, "none", {}, case, 0))
         return _everything_but_values(_Peek.got[-1])
@@ -219,7 +219,7 @@ def test_cgd_per_participant_rounds_equal_the_vectorised_engine(secure_sum):
     from gleak.protocols.cgd import _subset, train_per_participant
 
     train_ds = _image_ds(30, 0)
-    cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [5]}, rounds=4, lr=0.5, seed=3)
+    cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [5]}, training_rounds=4, lr=0.5, seed=3)
     cgd = gleak.create("protocol", "cgd", partition="3x1", delta=0.1, delta_high=0.3, secure_sum=secure_sum)
     ours = train_per_participant(cgd, cfg, train_ds, train_ds, dtype=torch.float64, models_only=True)
     seed = derive_seed(cfg.seed, "cgd")
@@ -227,7 +227,7 @@ def test_cgd_per_participant_rounds_equal_the_vectorised_engine(secure_sum):
     part = Partition(3, 1)
     net = ConfinedMLP(make_layout(x.double(), y, part), [36, 5, 4], init_deltas(3, 0.1, 0.3, seed), seed,
                       secure_sum=secure_sum, dtype=torch.float64)  # fmt: skip
-    for k in range(1, cfg.rounds + 1):
+    for k in range(1, cfg.training_rounds + 1):
         net.step(step_size(k, cfg.lr))
     moved = 0.0
     for l, model in enumerate(ours):
@@ -244,7 +244,7 @@ def test_cgd_rounds_step_the_models_and_warm_up_rounds_are_cgd_rounds():
     if "test-peek" not in gleak.list_plugins("attack"):
         registry.register_attack("test-peek")(_Peek)
     _Peek.got.clear()
-    case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=2, clients=4, rounds=2)
+    case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=2, clients=4, warmup_rounds=2)
     execute(TrialConfig("t", "test-peek", {}, "cgd", {"iterations": 2}, case, 0))
     obs = _Peek.got[-1]
     seen = [*obs.rounds, obs]
@@ -307,10 +307,10 @@ def test_a_protocol_with_a_broken_hook_fails_check_plugin(tmp_path):
 def test_server_lr_is_the_new_name_of_the_fedsgd_warm_up_step_with_the_same_trial_id():
     from gleak.config import check_case_values
 
-    old = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(rounds=3, local_lr=0.01), 0)
-    new = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(rounds=3, server_lr=0.01), 0)
+    old = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(warmup_rounds=3, local_lr=0.01), 0)
+    new = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(warmup_rounds=3, server_lr=0.01), 0)
     assert new.trial_id == old.trial_id and new.case.warmup_lr == old.case.warmup_lr == 0.01
-    other = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(rounds=3, server_lr=0.02), 0)
+    other = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(warmup_rounds=3, server_lr=0.02), 0)
     assert other.trial_id != old.trial_id
     assert [k for k, _ in check_case_values(CaseConfig(server_lr=0.1, update="fedavg"))] == ["server_lr"]
     assert [k for k, _ in check_case_values(CaseConfig(server_lr=0.1, local_lr=0.5))] == ["local_lr"]
@@ -324,7 +324,7 @@ def test_a_protocol_named_by_the_case_trains_with_its_defense_in_utility_runs():
     from gleak.registry import check_params
     from gleak.utility import defense_configs, label, run_utility, utility_id
 
-    tiny = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [16]}, clients=2, rounds=3, batch_size=8)
+    tiny = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [16]}, clients=2, training_rounds=3, batch_size=8)
     case = CaseConfig(protocol="cgd", protocol_params=check_params("protocol", "cgd", {"partition": "2x1"}))
     trials = [TrialConfig("t", "closed-form", {}, "noise", {"sigma": 0.1}, c, 0) for c in (case, CaseConfig())]
     pair, plain = defense_configs(trials)

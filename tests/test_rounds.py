@@ -1,4 +1,4 @@
-"""Warm-up rounds before the attacked one (case key `rounds`), and secure aggregation's view."""
+"""Warm-up rounds before the attacked one (case key `warmup_rounds`, first spelled `rounds`), and secure aggregation's view."""
 import json
 
 import pytest
@@ -54,14 +54,39 @@ def test_rounds_zero_keeps_every_existing_trial_id():
     base = TrialConfig("t", "closed-form", {}, "none", {}, CaseConfig(), 0)
     assert "rounds" not in json.loads(base.to_json())["case"]
     assert TrialConfig.from_json(base.to_json()) == base
-    three = TrialConfig("t", "closed-form", {}, "none", {}, CaseConfig(rounds=3), 0)
+    three = TrialConfig("t", "closed-form", {}, "none", {}, CaseConfig(warmup_rounds=3), 0)
     assert three.trial_id != base.trial_id and TrialConfig.from_json(three.to_json()) == three
+
+
+def test_the_old_spellings_of_the_rounds_keys_give_the_same_trials_and_runs(tmp_path):
+    """`rounds` in [case] is warmup_rounds, in [utility] training_rounds (issue 12: one meaning per name): the old
+    spelling expands to the same trial ids and utility config (stored under the old key, so ids never moved), and
+    giving both spellings is one error naming the key."""
+    from gleak.errors import InputError
+    from gleak.suite import load_suite
+    from gleak.utility import utility_id
+
+    body = """[suite]\nname = "t"\nseeds = 1\n[case]\ndataset = "skimage"\nresolution = 8\n{case}\n[[attack]]\nname = "closed-form"
+[[defense]]\nname = "none"\n[utility]\ndataset = "skimage"\nresolution = 8\nclients = 2\nbatch_size = 4\n{utility}\n"""
+    suites = {}
+    for tag, case, utility in (("old", "rounds = 2", "rounds = 3"), ("new", "warmup_rounds = 2", "training_rounds = 3")):
+        (tmp_path / f"{tag}.toml").write_text(body.format(case=case, utility=utility))
+        suites[tag] = load_suite(tmp_path / f"{tag}.toml")
+    old, new = suites["old"], suites["new"]
+    assert [t.trial_id for t in old.trials] == [t.trial_id for t in new.trials]
+    assert new.trials[0].case.warmup_rounds == 2 and new.utility.training_rounds == 3
+    assert json.loads(new.trials[0].to_json())["case"]["rounds"] == 2  # stored under its first name
+    assert utility_id(old.utility, "none", {}) == utility_id(new.utility, "none", {})
+    assert new.utility.to_dict()["rounds"] == 3 and type(new.utility).from_dict(new.utility.to_dict()) == new.utility
+    (tmp_path / "both.toml").write_text(body.format(case="rounds = 2\nwarmup_rounds = 2", utility="training_rounds = 3"))
+    with pytest.raises(InputError, match=r"\[case\] key 'rounds': is the old name of warmup_rounds"):
+        load_suite(tmp_path / "both.toml")
 
 
 def test_each_client_keeps_one_defense_through_every_round_and_the_model_moves():
     CALLS.clear()
     SEEN.clear()
-    case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=2, clients=3, rounds=4)
+    case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=2, clients=3, warmup_rounds=4)
     execute(TrialConfig("t", "test-recording-attack", {}, "test-recording-defense", {}, case, 0))
     assert sum(c == "reset" for c, _ in CALLS) == 3  # once per client, before its first round
     assert sorted(r for c, r in CALLS if c == "transform") == sorted([1, 2, 3, 4, 5] * 3)
@@ -87,7 +112,7 @@ def test_error_feedback_reaches_the_attacked_round():
     from gleak.protocol import fedsgd_update
     from gleak.trial import draw_batches, load_case_data
 
-    case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=1, rounds=3, local_lr=0.01)
+    case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=1, warmup_rounds=3, local_lr=0.01)
     for ef in (True, False):
         SEEN.clear()
         cfg = TrialConfig("t", "test-recording-attack", {}, "dgp", {"error_feedback": ef}, case, 0)

@@ -23,7 +23,7 @@ HAS_FMNIST = (FASHION_MNIST_DEFAULT / "train-images-idx3-ubyte.gz").is_file()
 needs_fmnist = pytest.mark.skipif(not HAS_FMNIST, reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
 UTILITY_CONTRACT = ["defense", "defense_params", "dataset", "model", "accuracy", "baseline_accuracy", "epsilon", "seconds"]
 TINY = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [32], "activation": "relu"}, clients=2,
-                     rounds=6, batch_size=8, lr=0.1)  # fmt: skip
+                     training_rounds=6, batch_size=8, lr=0.1)  # fmt: skip
 
 
 # Utility runs use one torch thread (gleak.utility.run_utilities does the same).
@@ -61,7 +61,7 @@ class Protocol(BaseProtocol):
 def test_the_defense_transforms_every_clients_update_every_round():
     Counting.calls.update(transform=0, reset=0)
     for algorithm, steps in (("fedsgd", 1), ("fedavg", 3)):
-        cfg = dataclasses.replace(TINY, algorithm=algorithm, local_steps=steps, clients=3, rounds=4)
+        cfg = dataclasses.replace(TINY, algorithm=algorithm, local_steps=steps, clients=3, training_rounds=4)
         train, test = load_utility_data(cfg)
         setup = utility_setup(cfg, "test-counting", {})
         protocol = gleak.create("protocol", setup.protocol, **setup.protocol_params)
@@ -90,7 +90,7 @@ def test_a_utility_run_lets_each_rounds_updates_go():
     # rounds only when it observes them.
     Alive.refs.clear()
     Alive.most_alive = 0
-    cfg = dataclasses.replace(TINY, rounds=8)
+    cfg = dataclasses.replace(TINY, training_rounds=8)
     train, test = load_utility_data(cfg)
     protocol = gleak.create("protocol", "fedsgd")
     federated_training(cfg, protocol, ("test-alive", {}), train, test)
@@ -143,7 +143,7 @@ def test_a_diverging_run_is_stored_as_failed_with_its_reason():
 @needs_fmnist
 def test_accuracy_falls_as_noise_grows_and_as_pruning_grows_on_fashion_mnist():
     """Short FedSGD runs of the 256-unit MLP (suites/defense-costs.toml runs the full 1000 rounds at 10 clients)."""
-    cfg = UtilityConfig(dataset="fashion-mnist", model="mlp", clients=2, rounds=60, batch_size=32, lr=0.1)
+    cfg = UtilityConfig(dataset="fashion-mnist", model="mlp", clients=2, training_rounds=60, batch_size=32, lr=0.1)
     train, test = load_utility_data(cfg)
     acc = lambda d, p: federated_training(cfg, gleak.create("protocol", "fedsgd"), (d, p), train, test)["accuracy"]  # noqa: E731
     base = acc("none", {})  # 74% after 60 rounds (86% after 1000: results/defense-costs)
@@ -229,8 +229,9 @@ def test_utility_csv_contract_cache_and_resume(utility_run, tmp_path, capsys):
     "edit,needle",
     [
         (lambda s: s.replace("rounds = 4", "roundz = 4"), "[utility] key 'roundz': unknown key; did you mean 'rounds'"),
-        (lambda s: s.replace("rounds = 4", 'rounds = "many"'), "[utility] key 'rounds': must be int"),
-        (lambda s: s.replace("rounds = 4", "rounds = 0"), "[utility] key 'rounds': must be >= 1"),
+        (lambda s: s.replace("rounds = 4", 'rounds = "many"'), "[utility] key 'training_rounds': must be int"),
+        (lambda s: s.replace("rounds = 4", "rounds = 0"), "[utility] key 'training_rounds': must be >= 1"),
+        (lambda s: s.replace("rounds = 4", "rounds = 4\ntraining_rounds = 4"), "[utility] key 'rounds': is the old name of training_rounds: give training_rounds only"),
         (lambda s: s.replace("clients = 2", "clients = 2\nlocal_steps = 3"), "[utility] key 'local_steps': applies to algorithm 'fedavg' only"),
         (lambda s: s.replace("batch_size = 8", "batch_size = 500"), "[utility] key 'batch_size': batch_size x local_steps = 500 exceeds"),
         (lambda s: s.replace("resolution = 16\nclients", 'resolution = 16\ndata_root = "/nonexistent"\nclients').replace(
