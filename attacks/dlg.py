@@ -91,6 +91,7 @@ class DLG(DefenseAware, Attack):
     stopped_at (of the chosen start), restart (its index), restarts_run.
     """
 
+    aware_options = ("cells",)
     needs = frozenset({"architecture", "parameters", "batch_size"})
     conformance_params = {"iterations": 2, "max_iter": 5, "restarts": 2}
 
@@ -219,12 +220,6 @@ class DLG(DefenseAware, Attack):
             grads = param_gradients(model, params, x.clone().requires_grad_(True), loss_fn, label_arg)
             dist = squared_distance(grads, target) if box is None else box_squared_distance(grads, box)
         return float(dist.detach())
-
-    @classmethod
-    def identity_params(cls, params: dict) -> dict:
-        """`cells` only matters (and is only stored) where the attack knows the defense."""
-        params = super().identity_params(params)
-        return params if params.get("defense_aware") else {k: v for k, v in params.items() if k != "cells"}
 
     @classmethod
     def estimated_cost(cls, params: dict, case) -> float:

@@ -121,6 +121,7 @@ class InvertingGradients(DefenseAware, Attack):
     leaderboard, say the result understates the attack).
     """
 
+    aware_options = ("mask_from",)
     needs = frozenset({"architecture", "parameters", "batch_size", "data_stats"})
     conformance_params = {"iterations": 4, "restarts": 2}
 
@@ -160,12 +161,6 @@ class InvertingGradients(DefenseAware, Attack):
         if labels == "given":
             self.needs = self.needs | {"labels"}
         self.use_defense_knowledge(defense_aware)
-
-    @classmethod
-    def identity_params(cls, params: dict) -> dict:
-        """`mask_from` only matters (and is only stored) where the attack knows the defense."""
-        params = super().identity_params(params)
-        return params if params.get("defense_aware") else {k: v for k, v in params.items() if k != "mask_from"}
 
     @property
     def under_budget(self) -> bool:

@@ -82,6 +82,8 @@ class DefenseAware:
     so a False value stays out of trial ids (`identity_params`) and earlier ids stay valid."""
 
     defense_aware: bool = False
+    # Options that only the defense-aware attack reads: stored (and in trial ids) only where defense_aware is True.
+    aware_options: ClassVar[tuple[str, ...]] = ()
 
     def use_defense_knowledge(self, defense_aware: bool) -> None:
         """Store the option (validated) and, when set, add "knows_defense" to this instance's needs."""
@@ -93,8 +95,10 @@ class DefenseAware:
 
     @classmethod
     def identity_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        """The stored parameters: defense_aware only where True."""
-        return {k: v for k, v in params.items() if not (k == "defense_aware" and v is False)}
+        """The stored parameters: defense_aware and the `aware_options` only where defense_aware is True."""
+        if params.get("defense_aware"):
+            return dict(params)
+        return {k: v for k, v in params.items() if k != "defense_aware" and k not in cls.aware_options}
 
 
 class Defense(Plugin):

@@ -1,5 +1,6 @@
 """Defense-aware gradient matching (dlg, inverting-gradients) and the shaped imprint (issue 13): each one's advantage
 on a case built for it, and its fall-back (exactly the plain attack) where it has no answer to the defense."""
+import dataclasses
 import statistics
 
 import pytest
@@ -133,3 +134,27 @@ def test_the_shaped_imprint_is_the_plain_one_without_pruning():
     for defense in ("none", "noise"):
         plain, aware = _psnrs("imprint", {"bins": 64}, defense, {}, BATCH8)
         assert plain == aware
+
+
+# Every defense of the adaptive suite (seed 001 Table 1, DLG Table 3), on small cases.
+ADAPTIVE_DEFENSES = [
+    ("none", {}), ("noise", {"sigma": 1e-2}), ("noise", {"sigma": 1e-2, "distribution": "laplace"}),
+    ("noise", {"mode": "dp", "noise_multiplier": 1.0}), ("quantization", {"bits": 8}), ("topk", {"ratio": 0.2}),
+    ("topk", {"ratio": 0.9, "scope": "layer"}), ("dgp", {}), ("soteria", {}), ("outpost", {}),
+    ("ats", {"policy": "3-1-7+43-18-18"}), ("precode", {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("attack,params,case", [
+    ("closed-form", {}, MLP8),
+    ("imprint", {"bins": 16}, dataclasses.replace(MLP8, batch_size=4)),
+])  # fmt: skip
+def test_the_adaptive_worst_case_is_never_below_the_plain_one_for_any_defense(attack, params, case):
+    """Kerckhoffs' attacker can always ignore what it knows: for every defense, the defense-aware variant's median
+    over seeds is at least the plain attack's (where it has no answer it is the plain attack)."""
+    weaker = []
+    for defense, dparams in ADAPTIVE_DEFENSES:
+        plain, aware = _psnrs(attack, params, defense, dparams, case)
+        if statistics.median(aware) < statistics.median(plain) - 0.1:
+            weaker.append((defense, dparams, plain, aware))
+    assert not weaker, weaker
