@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--key", default="psnr", choices=("psnr", "share_psnr40"))
     a = ap.parse_args()
     torch.set_num_threads(1)
-    case = CaseConfig(**{"dataset": "skimage", "model": "mlp", "resolution": 8, **json.loads(a.case)})
+    case = CaseConfig.from_dict({"dataset": "skimage", "model": "mlp", "resolution": 8, **json.loads(a.case)})
     params = json.loads(a.attack_params)
     for name, dparams in json.loads(a.defenses):
         line = [f"{name} {json.dumps(dparams)}"]

@@ -207,12 +207,12 @@ def test_published_utility_ids_are_unchanged_by_the_new_utility_key():
 
     root = Path(__file__).resolve().parent.parent
     raw = tomllib.loads((root / "suites" / "defense-costs.toml").read_text())["utility"]
-    cfg = UtilityConfig(**{**raw, "model_params": registry.check_params("model", raw["model"], raw.get("model_params", {}))})
+    cfg = UtilityConfig.from_dict({**raw, "model_params": registry.check_params("model", raw["model"], raw.get("model_params", {}))})
     rows = list(csv.DictReader((root / "results" / "defense-costs" / "utility.csv").open()))
     assert len(rows) > 10
     for r in rows:
         assert utility_id(cfg, r["defense"], json.loads(r["defense_params"])) == r["utility_id"]
-    skewed = UtilityConfig(**{**cfg.to_dict(), "dirichlet_alpha": 0.5})
+    skewed = UtilityConfig.from_dict({**cfg.to_dict(), "dirichlet_alpha": 0.5})
     assert utility_id(skewed, "none", {}) != utility_id(cfg, "none", {})
 
 
