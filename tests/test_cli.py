@@ -2,9 +2,11 @@
 import csv
 import hashlib
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -91,6 +93,19 @@ def test_failed_trials_exit_1_and_say_why(tmp_path, gleak_cmd, run_env):
     assert all(x["status"] == "ok" for x in rows if x["attack"] == "idlg")
 
 
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    """A good suite and the folder its run wrote."""
+    from conftest import _env
+
+    root = tmp_path_factory.mktemp("good")
+    good = root / "good.toml"
+    good.write_text(SMALL.replace("seeds = [0, 1]", "seeds = [0]").replace("batch_size = [1, 2]", "batch_size = 1"))
+    out = root / "out"
+    assert _run([sys.executable, "-m", "gleak"], ["run", str(good), "--out", str(out), "--no-progress"], _env()).returncode == 0
+    return good, out
+
+
 @pytest.mark.parametrize(
     "edit,needle",
     [
@@ -104,11 +119,10 @@ def test_failed_trials_exit_1_and_say_why(tmp_path, gleak_cmd, run_env):
         (lambda s: s + "\n[[defense]\n", "not valid TOML"),
     ],
 )
-def test_bad_input_is_one_line_exit_2_and_changes_nothing(tmp_path, gleak_cmd, run_env, edit, needle):
-    good = tmp_path / "good.toml"
-    good.write_text(SMALL.replace("seeds = [0, 1]", "seeds = [0]").replace("batch_size = [1, 2]", "batch_size = 1"))
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(tmp_path, good_run, gleak_cmd, run_env, edit, needle):
+    good, done = good_run
     out = tmp_path / "out"
-    assert _run(gleak_cmd, ["run", str(good), "--out", str(out), "--no-progress"], run_env).returncode == 0
+    shutil.copytree(done, out)  # a folder a good run wrote (once for all cases: each bad run gets its own copy)
     digest = _tree_digest(out)
     bad = tmp_path / "bad.toml"
     bad.write_text(edit(good.read_text()))
