@@ -9,7 +9,7 @@ import torch
 import gleak
 from gleak.attacks._gradmatch import wire_box
 from gleak.config import CaseConfig, TrialConfig
-from gleak.registry import check_params
+from gleak.registry import ParamError, check_params
 from gleak.threat import DefenseDescription, Knowledge, Update
 from gleak.trial import execute
 
@@ -34,6 +34,16 @@ def test_the_option_keeps_earlier_ids_and_asks_for_the_defense(attack):
     assert check_params("attack", attack, {"defense_aware": True})["defense_aware"] is True
     assert "knows_defense" not in gleak.create("attack", attack).needs
     assert "knows_defense" in gleak.create("attack", attack, defense_aware=True).needs
+
+
+@pytest.mark.parametrize("attack,option,value", [("dlg", "cells", "scratch"), ("inverting-gradients", "mask_from", 0.0)])
+def test_an_option_only_the_aware_attack_reads_is_only_in_its_ids(attack, option, value):
+    plain, aware = {"restarts": 1}, {"restarts": 1, "defense_aware": True}
+    assert option not in check_params("attack", attack, plain) and option in check_params("attack", attack, aware)
+    assert check_params("attack", attack, {**plain, option: value}) == check_params("attack", attack, plain)
+    assert check_params("attack", attack, {**aware, option: value}) != check_params("attack", attack, aware)
+    with pytest.raises(ParamError, match=option):
+        gleak.create("attack", attack, **{option: "bogus" if isinstance(value, str) else 2.0})
 
 
 def _wire(defense, params, seed=0):
