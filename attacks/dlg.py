@@ -40,6 +40,11 @@ def soft_cross_entropy(logits: Tensor, label_logits: Tensor) -> Tensor:
     return torch.sum(-torch.softmax(label_logits, -1) * torch.log_softmax(logits, -1), dim=-1).mean()
 
 
+def _gradient_distance(grads, target: list[Tensor], box=None) -> Tensor:
+    """DLG's squared distance to the wire, or to the set the wire allows (defense_aware)."""
+    return squared_distance(grads, target) if box is None else box_squared_distance(grads, box)
+
+
 @register_attack("dlg")
 class DLG(DefenseAware, Attack):
     """DLG (Zhu et al., NeurIPS 2019): L-BFGS on dummy images and soft labels, Euclidean gradient distance.
@@ -185,16 +190,13 @@ class DLG(DefenseAware, Attack):
         else:
             variables, loss_fn, label_arg = [x], F.cross_entropy, y
 
-        def distance(grads) -> Tensor:
-            return squared_distance(grads, target) if box is None else box_squared_distance(grads, box)
-
         opt = torch.optim.LBFGS(variables, lr=self.lr, history_size=self.history_size, max_iter=self.max_iter)
         evaluations = 0
 
         def closure() -> Tensor:
             nonlocal evaluations
             evaluations += 1
-            dist = distance(param_gradients(model, params, x, loss_fn, label_arg))
+            dist = _gradient_distance(param_gradients(model, params, x, loss_fn, label_arg), target, box)
             # Gradients for the dummies only: .backward() would also fill every parameter's .grad, for nothing.
             for v, g in zip(variables, torch.autograd.grad(dist, variables)):
                 v.grad = g
@@ -218,8 +220,7 @@ class DLG(DefenseAware, Attack):
         loss_fn = soft_cross_entropy if self.labels == "soft" else F.cross_entropy
         with torch.enable_grad():
             grads = param_gradients(model, params, x.clone().requires_grad_(True), loss_fn, label_arg)
-            dist = squared_distance(grads, target) if box is None else box_squared_distance(grads, box)
-        return float(dist.detach())
+        return float(_gradient_distance(grads, target, box).detach())
 
     @classmethod
     def estimated_cost(cls, params: dict, case) -> float:
