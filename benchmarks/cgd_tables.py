@@ -57,7 +57,7 @@ def _frame(folder: Path):
         finally:
             store.close()
         if cfg is not None:
-            return f"{cfg.dataset}, model {cfg.model}, T = {cfg.training_rounds} full-batch iterations, alpha = {cfg.lr}", frame
+            return f"{cfg.dataset}, model {cfg.model}, T = {cfg.training_rounds} full-batch iterations, alpha = {cfg.server_step}", frame
     csv = folder / "utility.csv"
     if not csv.is_file():
         return None, None

@@ -85,7 +85,7 @@ class DGPProbe(DGP):
 
 def run(rounds: int, top: str) -> None:
     PROBES.clear()
-    cfg = UtilityConfig(dataset="fashion-mnist", model="mlp", algorithm="fedsgd", clients=10, training_rounds=rounds, lr=0.1,
+    cfg = UtilityConfig(dataset="fashion-mnist", model="mlp", algorithm="fedsgd", clients=10, training_rounds=rounds, server_lr=0.1,
                         batch_size=32, seed=0)  # fmt: skip  (suites/defense-costs.toml [utility])
     train, test = load_utility_data(cfg)
     t0 = time.process_time()

@@ -235,7 +235,13 @@ class UtilityConfig:
     algorithm: Literal["fedsgd", "fedavg"] = "fedsgd"
     clients: int = 10  # all take part in every round; the train split is dealt into this many IID shards
     training_rounds: int = 200  # stored as "rounds"
-    lr: float = 0.1  # fedsgd: the server's step on the mean gradient; fedavg: the clients' local step (server step 1)
+    # Step sizes, one name per meaning (issue 12; None: DEFAULT_LR). server_lr: the step on the aggregated gradient
+    # (FedSGD: the server's step on the mean gradient; CGD: alpha, each participant's step on the secure sum).
+    # client_lr: FedAvg's local SGD step (its server applies the mean delta at step 1). The first spelling `lr`
+    # meant whichever of the two the algorithm uses: accepted (utility_lr_names), and stored configs (hence utility
+    # ids) keep it, so no stored run moved.
+    server_lr: float | None = None
+    client_lr: float | None = None
     batch_size: int = 32  # per client and round (fedsgd) or per local step (fedavg)
     local_steps: int = 1  # fedavg only
     delta: float = 1e-5  # of the (epsilon, delta) reported for defenses that define one
@@ -246,15 +252,50 @@ class UtilityConfig:
     # Fields added after UTILITY_FORMAT 1: in to_dict (hence the utility id) only when set, so stored runs stay valid.
     LATER_FIELDS: ClassVar[dict[str, Any]] = {"dirichlet_alpha": None}
 
+    def __post_init__(self):
+        # The step the algorithm uses is concrete (DEFAULT_LR when not given), the other stays None, so that the
+        # stored form round-trips and a step given for the wrong algorithm can be told apart (check_utility_values).
+        used = "client_lr" if self.algorithm == "fedavg" else "server_lr"
+        if getattr(self, used) is None:
+            object.__setattr__(self, used, DEFAULT_LR)
+
+    @property
+    def server_step(self) -> float:
+        """The step on the aggregated gradient (FedSGD's server step, CGD's alpha)."""
+        return DEFAULT_LR if self.server_lr is None else self.server_lr
+
+    @property
+    def client_step(self) -> float:
+        """FedAvg's local SGD step."""
+        return DEFAULT_LR if self.client_lr is None else self.client_lr
+
     def to_dict(self) -> dict[str, Any]:
-        """The stored form (old spellings of renamed keys: UTILITY_RENAMED); the utility id hashes it."""
+        """The stored form (old spellings of renamed keys: UTILITY_RENAMED; the step the algorithm uses as `lr`);
+        the utility id hashes it."""
         d = stored_names(dataclasses.asdict(self), UTILITY_RENAMED)
+        del d["server_lr"], d["client_lr"]
+        d["lr"] = self.client_step if self.algorithm == "fedavg" else self.server_step
         return {k: v for k, v in d.items() if k not in self.LATER_FIELDS or v != self.LATER_FIELDS[k]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "UtilityConfig":
         """From a stored or a user's dict (either spelling of renamed keys)."""
-        return cls(**current_names(d, UTILITY_RENAMED))
+        return cls(**utility_lr_names(current_names(d, UTILITY_RENAMED)))
+
+
+DEFAULT_LR = 0.1
+
+
+def utility_lr_names(raw: dict[str, Any]) -> dict[str, Any]:
+    """A [utility] table with its first spelling `lr` written as the step it meant for the table's algorithm
+    (server_lr for FedSGD, client_lr for FedAvg). `lr` beside that name raises KeyError("lr", message)."""
+    if "lr" not in raw:
+        return raw
+    algorithm = raw.get("algorithm", "fedsgd")
+    new = "client_lr" if algorithm == "fedavg" else "server_lr"
+    if new in raw:
+        raise KeyError("lr", f"is the old name of {new} (algorithm {algorithm!r}): give {new} only")
+    return {(new if k == "lr" else k): v for k, v in raw.items()}
 
 
 UTILITY_FIELDS = {f.name: f for f in dataclasses.fields(UtilityConfig)}
@@ -266,8 +307,13 @@ def check_utility_values(u: UtilityConfig) -> list[tuple[str, str]]:
     for key in ("clients", "training_rounds", "batch_size", "local_steps"):
         if getattr(u, key) < 1:
             problems.append((key, f"must be >= 1, got {getattr(u, key)}"))
-    if not u.lr > 0:
-        problems.append(("lr", f"must be > 0, got {u.lr}"))
+    for key in ("server_lr", "client_lr"):
+        if getattr(u, key) is not None and not getattr(u, key) > 0:
+            problems.append((key, f"must be > 0, got {getattr(u, key)}"))
+    if u.algorithm == "fedavg" and u.server_lr is not None:
+        problems.append(("server_lr", "applies to algorithm 'fedsgd' (FedAvg's server applies the mean delta): set client_lr"))
+    if u.algorithm == "fedsgd" and u.client_lr is not None:
+        problems.append(("client_lr", "applies to algorithm 'fedavg' only (FedSGD clients take no local step): set server_lr"))
     if not 0 < u.delta < 1:
         problems.append(("delta", f"must be in (0, 1), got {u.delta}"))
     if u.resolution is not None and u.resolution < 4:

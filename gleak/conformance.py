@@ -387,7 +387,7 @@ def check_protocol(name: str, params: dict[str, Any] | None = None) -> list[Chec
 
     def trains_ok() -> str:
         cfg = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [8]}, resolution=8, clients=3,
-                            training_rounds=2, batch_size=2, lr=0.1)  # fmt: skip
+                            training_rounds=2, batch_size=2, server_lr=0.1)  # fmt: skip
         train, test = load_utility_data(cfg)
         out = factory().train_utility(cfg, train, test, rng(6))
         acc = out.get("accuracy") if isinstance(out, dict) else None

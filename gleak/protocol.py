@@ -167,8 +167,8 @@ class Protocol(Plugin):
         return [new] * len(models)
 
     def utility_lr(self, config: Any) -> float:
-        """The server step of a utility run (a gleak.config.UtilityConfig). Default: its lr."""
-        return config.lr
+        """The server step of a utility run (a gleak.config.UtilityConfig). Default: its server_lr."""
+        return config.server_step
 
     def train_utility(
         self, config: Any, train: Any, test: Any, rng: torch.Generator,

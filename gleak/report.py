@@ -401,13 +401,14 @@ def attack_defense_matrix(agg: pd.DataFrame, dr: pd.DataFrame, vd: dict, va: dic
 
 
 def _utility_intro(cfg: Any, utility: pd.DataFrame) -> str:
-    algo = "FedSGD" if cfg.algorithm == "fedsgd" else f"FedAvg ({cfg.local_steps} local steps at lr {cfg.lr})"
+    algo = (f"FedSGD (server_lr {cfg.server_step})" if cfg.algorithm == "fedsgd"
+            else f"FedAvg ({cfg.local_steps} local steps at client_lr {cfg.client_step}, the mean delta applied)")
     base = undefended_baseline(utility)  # not a CGD row's own centralized run
     base_txt = f"{100 * base:.2f}%" if base is not None else "unavailable"
     text = (
         f"Accuracy: top-1 on the test split after federated training of `{cfg.model}` on `{cfg.dataset}`: {algo}, "
         f"{cfg.clients} clients with IID shards, {cfg.training_rounds} rounds, batch {cfg.batch_size} per client"
-        f"{' and step' if cfg.algorithm == 'fedavg' else ''}, lr {cfg.lr}, seed {cfg.seed}, the defense on every "
+        f"{' and step' if cfg.algorithm == 'fedavg' else ''}, seed {cfg.seed}, the defense on every "
         f"client's update in every round; every run draws the same batches. Baseline without defense: {base_txt}."
     )
     if utility["epsilon"].notna().any():

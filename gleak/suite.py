@@ -28,7 +28,7 @@ from typing import Any
 
 from gleak import registry
 from gleak.config import (
-    CASE_FIELDS, CASE_RENAMED, UTILITY_FIELDS, UTILITY_RENAMED, CaseConfig, current_names, TrialConfig, UtilityConfig, check_case_values, check_utility_values,
+    CASE_FIELDS, CASE_RENAMED, UTILITY_FIELDS, UTILITY_RENAMED, CaseConfig, current_names, TrialConfig, UtilityConfig, check_case_values, check_utility_values, utility_lr_names,
 )  # fmt: skip
 from gleak.errors import InputError, UnknownPluginError
 
@@ -275,9 +275,13 @@ def _utility(raw: Any, where: _Where) -> UtilityConfig:
         raise where.error(table, None, "must be a table")
     hints = typing.get_type_hints(UtilityConfig)
     raw = _current(raw, UTILITY_RENAMED, where, table)
+    try:
+        raw = utility_lr_names(raw)
+    except KeyError as exc:
+        raise where.error(table, exc.args[0], exc.args[1]) from None
     for k, v in raw.items():
         if k not in UTILITY_FIELDS:
-            raise where.error(table, k, f"unknown key{_close(k, [*UTILITY_FIELDS, *UTILITY_RENAMED])} (keys: {', '.join(UTILITY_FIELDS)})")
+            raise where.error(table, k, f"unknown key{_close(k, [*UTILITY_FIELDS, *UTILITY_RENAMED, 'lr'])} (keys: {', '.join(UTILITY_FIELDS)})")
         if not registry.check_value(hints[k], v):
             raise where.error(table, k, f"must be {registry.expected(hints[k], v)}")
     u = UtilityConfig(**raw)

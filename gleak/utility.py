@@ -110,7 +110,7 @@ def utility_setup(cfg: UtilityConfig, defense: str, params: dict[str, Any], prot
     if protocol is not None:
         return Setup(protocol[0], dict(protocol[1]), defense, params)
     info = plugin_info("defense", defense)
-    fedavg = {"local_steps": cfg.local_steps, "local_lr": cfg.lr, "local_batch_size": cfg.batch_size}
+    fedavg = {"local_steps": cfg.local_steps, "local_lr": cfg.client_step, "local_batch_size": cfg.batch_size}
     if info.protocol is not None:
         own = dict(params)
         if cfg.algorithm == "fedavg" and "local_steps" in plugin_info("protocol", info.protocol).params:

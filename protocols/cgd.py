@@ -160,7 +160,7 @@ class _ConfinedTraining(Protocol):
         if part.rows > len(y):
             raise UnsupportedCase(f"partition {part} has more sample blocks than the {len(y)} training samples")
         common = dict(
-            sizes=sizes, iterations=config.training_rounds, alpha=config.lr, mu=self.mu, normalize_schedule=self.normalize_schedule,
+            sizes=sizes, iterations=config.training_rounds, alpha=config.server_step, mu=self.mu, normalize_schedule=self.normalize_schedule,
             delta=self.delta, delta_high=self.delta_high, grad_scale=self.grad_scale, frac_bits=self.frac_bits,
             seed=derive_seed(seed, "cgd"), progress=True,
         )  # fmt: skip
@@ -252,11 +252,11 @@ def train_per_participant(
     rngs = [torch.Generator().manual_seed(derive_seed(config.seed, f"cgd/client/{i}")) for i in range(len(models))]
     wire = torch.Generator().manual_seed(derive_seed(config.seed, "cgd/wire"))
     proto = copy.copy(proto)  # the utility run's schedule: alpha = [utility] lr over T = [utility] training_rounds
-    proto.alpha, proto.iterations = config.lr, config.training_rounds
+    proto.alpha, proto.iterations = config.server_step, config.training_rounds
     proto.reset()
     proto._models = list(models)
     schedule = Schedule(lambda r: batches, lambda r: rngs, lambda r: wire)
-    models, _ = run_rounds(proto, defenses, models, config.training_rounds, schedule, config.lr, observe=False)
+    models, _ = run_rounds(proto, defenses, models, config.training_rounds, schedule, config.server_step, observe=False)
     if models_only:  # the engine's equality test compares the models themselves
         return models
     accs = torch.tensor([_accuracy(m, x_test, y_test) for m in models])

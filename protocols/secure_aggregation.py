@@ -40,7 +40,7 @@ class SecureAggregation(Protocol):
         return fedavg_update(model, batch, self.local_lr, self.local_steps, self.local_batch_size, defense, rng)
 
     def utility_lr(self, config) -> float:
-        return config.lr if self.local_steps is None else 1.0
+        return config.server_step if self.local_steps is None else 1.0
 
     def observe(self, sent: list[Update], rng: torch.Generator) -> Update:
         return Update.sum(sent)

@@ -181,7 +181,7 @@ def _image_ds(n, seed):
 
 def test_train_utility_reports_worst_participant_and_centralized_baseline():
     train_ds, test_ds = _image_ds(400, 0), _image_ds(200, 1)
-    cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [16]}, training_rounds=60, lr=0.5)
+    cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [16]}, training_rounds=60, server_lr=0.5)
     out = create("defense", "cgd", partition="4x3", delta=0.1).train_utility(cfg, train_ds, test_ds, generator(0, "u"))
     again = create("defense", "cgd", partition="4x3", delta=0.1).train_utility(cfg, train_ds, test_ds, generator(0, "u"))
     assert out["accuracy"] == again["accuracy"]  # deterministic
@@ -251,7 +251,7 @@ def test_utility_csv_compares_each_cgd_row_with_its_own_centralized_run(tmp_path
     from gleak.utility import run_utilities, utility_frame
 
     cfg = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [16], "activation": "relu"}, clients=2,
-                        training_rounds=8, batch_size=8, lr=0.1)  # fmt: skip
+                        training_rounds=8, batch_size=8, server_lr=0.1)  # fmt: skip
     runs = [("none", {}), ("cgd", check_params("defense", "cgd", {"partition": "2x2", "utility_seed": 1}))]
     store = Store(tmp_path)
     try:

@@ -93,7 +93,7 @@ def _toy(n, seed):
 
 def test_the_utility_loop_trains_the_wrapped_model_well_above_chance():
     cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [32]}, clients=2, training_rounds=200,
-                        batch_size=16, lr=0.05)  # fmt: skip
+                        batch_size=16, server_lr=0.05)  # fmt: skip
     train, test = _toy(400, 1), _toy(200, 2)
     seen = {}
     real = Precode.client_gradient

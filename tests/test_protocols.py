@@ -219,7 +219,7 @@ def test_cgd_per_participant_rounds_equal_the_vectorised_engine(secure_sum):
     from gleak.protocols.cgd import _subset, train_per_participant
 
     train_ds = _image_ds(30, 0)
-    cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [5]}, training_rounds=4, lr=0.5, seed=3)
+    cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [5]}, training_rounds=4, server_lr=0.5, seed=3)
     cgd = gleak.create("protocol", "cgd", partition="3x1", delta=0.1, delta_high=0.3, secure_sum=secure_sum)
     ours = train_per_participant(cgd, cfg, train_ds, train_ds, dtype=torch.float64, models_only=True)
     seed = derive_seed(cfg.seed, "cgd")
@@ -228,7 +228,7 @@ def test_cgd_per_participant_rounds_equal_the_vectorised_engine(secure_sum):
     net = ConfinedMLP(make_layout(x.double(), y, part), [36, 5, 4], init_deltas(3, 0.1, 0.3, seed), seed,
                       secure_sum=secure_sum, dtype=torch.float64)  # fmt: skip
     for k in range(1, cfg.training_rounds + 1):
-        net.step(step_size(k, cfg.lr))
+        net.step(step_size(k, cfg.server_step))
     moved = 0.0
     for l, model in enumerate(ours):
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]

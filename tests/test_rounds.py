@@ -83,6 +83,41 @@ def test_the_old_spellings_of_the_rounds_keys_give_the_same_trials_and_runs(tmp_
         load_suite(tmp_path / "both.toml")
 
 
+def test_the_utility_step_sizes_have_one_name_each_and_reach_the_step_they_name(tmp_path):
+    """[utility] `lr` meant FedSGD's server step and FedAvg's local step (issue 12): now server_lr and client_lr.
+    The old spelling gives the same run (same utility id); the wrong name for the algorithm, or both spellings, is
+    one error naming the key; each name changes the training it names."""
+    import dataclasses
+
+    from gleak.config import UtilityConfig
+    from gleak.errors import InputError
+    from gleak.suite import load_suite
+    from gleak.utility import run_utility, utility_id
+
+    body = """[suite]\nname = "t"\nseeds = 1\n[case]\ndataset = "skimage"\nresolution = 8\n[[attack]]\nname = "closed-form"
+[[defense]]\nname = "none"\n[utility]\ndataset = "skimage"\nresolution = 8\nclients = 2\nbatch_size = 4\n{utility}\n"""
+
+    def load(tag, utility):
+        (tmp_path / f"{tag}.toml").write_text(body.format(utility=utility))
+        return load_suite(tmp_path / f"{tag}.toml").utility
+
+    for algorithm, name in (("fedsgd", "server_lr"), ("fedavg", "client_lr")):
+        old, new = load("old", f'algorithm = "{algorithm}"\nlr = 0.3'), load("new", f'algorithm = "{algorithm}"\n{name} = 0.3')
+        assert old == new and getattr(new, name) == 0.3
+        assert utility_id(old, "none", {}) == utility_id(new, "none", {}) and new.to_dict()["lr"] == 0.3
+        assert UtilityConfig.from_dict(new.to_dict()) == new
+    for utility, key in (('algorithm = "fedavg"\nserver_lr = 0.3', "server_lr"), ("client_lr = 0.3", "client_lr"),
+                         ("lr = 0.3\nserver_lr = 0.3", "lr")):  # fmt: skip
+        with pytest.raises(InputError, match=rf"\[utility\] key '{key}'"):
+            load("bad", utility)
+    tiny = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [8]}, resolution=8, clients=2,
+                         training_rounds=3, batch_size=4)  # fmt: skip
+    fedavg = dataclasses.replace(tiny, algorithm="fedavg", local_steps=2, server_lr=None)
+    for cfg, name in ((tiny, "server_lr"), (fedavg, "client_lr")):
+        losses = {json.dumps(run_utility(dataclasses.replace(cfg, **{name: lr}), "none", {}), sort_keys=True, default=str) for lr in (1e-4, 0.5)}
+        assert len(losses) == 2, f"{name} changes nothing in a {cfg.algorithm} run"
+
+
 def test_each_client_keeps_one_defense_through_every_round_and_the_model_moves():
     CALLS.clear()
     SEEN.clear()

@@ -23,7 +23,7 @@ HAS_FMNIST = (FASHION_MNIST_DEFAULT / "train-images-idx3-ubyte.gz").is_file()
 needs_fmnist = pytest.mark.skipif(not HAS_FMNIST, reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
 UTILITY_CONTRACT = ["defense", "defense_params", "dataset", "model", "accuracy", "baseline_accuracy", "epsilon", "seconds"]
 TINY = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [32], "activation": "relu"}, clients=2,
-                     training_rounds=6, batch_size=8, lr=0.1)  # fmt: skip
+                     training_rounds=6, batch_size=8, server_lr=0.1)  # fmt: skip
 
 
 # Utility runs use one torch thread (gleak.utility.run_utilities does the same).
@@ -136,14 +136,14 @@ def test_train_utility_result_is_used_and_the_loop_skipped():
 
 
 def test_a_diverging_run_is_stored_as_failed_with_its_reason():
-    row = run_utility(dataclasses.replace(TINY, lr=1e30), "none", {})
+    row = run_utility(dataclasses.replace(TINY, server_lr=1e30), "none", {})
     assert row["status"] == "failed" and "NonFiniteUpdate" in row["error"] and row["accuracy"] is None
 
 
 @needs_fmnist
 def test_accuracy_falls_as_noise_grows_and_as_pruning_grows_on_fashion_mnist():
     """Short FedSGD runs of the 256-unit MLP (suites/defense-costs.toml runs the full 1000 rounds at 10 clients)."""
-    cfg = UtilityConfig(dataset="fashion-mnist", model="mlp", clients=2, training_rounds=60, batch_size=32, lr=0.1)
+    cfg = UtilityConfig(dataset="fashion-mnist", model="mlp", clients=2, training_rounds=60, batch_size=32, server_lr=0.1)
     train, test = load_utility_data(cfg)
     acc = lambda d, p: federated_training(cfg, gleak.create("protocol", "fedsgd"), (d, p), train, test)["accuracy"]  # noqa: E731
     base = acc("none", {})  # 74% after 60 rounds (86% after 1000: results/defense-costs)
