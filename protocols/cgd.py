@@ -22,7 +22,7 @@ aggregation over the same clients: one shared model (same init law), known to th
 
 Utility runs (train_utility): Algorithms 1 and 2 on the [utility] data set with the paper's fully connected ReLU
 network (model "mlp"), vectorised across participants (defenses/cgd_training.py). T = [utility] training_rounds, alpha =
-[utility] lr, m = `partition`; the returned accuracy is the worst evaluated confined model (the paper reports the
+[utility] server_lr, m = `partition`; the returned accuracy is the worst evaluated confined model (the paper reports the
 worst), baseline_accuracy is centralized training (the same protocol with one participant: full-batch gradient
 descent on all the data, the same init law, T and alpha). With a client defense other than "none" (DP-SGD inside
 CGD) the run goes participant by participant through run_rounds instead (`train_per_participant`, horizontal
@@ -251,7 +251,7 @@ def train_per_participant(
         d.reset()
     rngs = [torch.Generator().manual_seed(derive_seed(config.seed, f"cgd/client/{i}")) for i in range(len(models))]
     wire = torch.Generator().manual_seed(derive_seed(config.seed, "cgd/wire"))
-    proto = copy.copy(proto)  # the utility run's schedule: alpha = [utility] lr over T = [utility] training_rounds
+    proto = copy.copy(proto)  # the utility run's schedule: alpha = [utility] server_lr over T = [utility] training_rounds
     proto.alpha, proto.iterations = config.server_step, config.training_rounds
     proto.reset()
     proto._models = list(models)
@@ -317,7 +317,7 @@ class CGD(_ConfinedTraining):
     inputs: utility runs: "pixels" (default: [0, 1], as an MNIST FNN takes them; delta is relative to that scale) or
         "standardized" (gleak's mean/std normalisation, about 3x larger inputs on Fashion-MNIST).
     iterations: attack trials: CGD iterations the adversary observes (the last is attacked; all reach the attack).
-    alpha: attack trials: the step size alpha of those iterations (utility runs use [utility] lr).
+    alpha: attack trials: the step size alpha of those iterations (utility runs use [utility] server_lr).
     colluders: attack trials: t colluding participants, the last t clients (default m - 2, the paper's worst case).
     proxy: attack trials: the model the adversary holds, "colluder" (default) or "mean" (see the module docstring).
     confined: false = federated SGD with secure aggregation over the same clients (one shared model, observed).
