@@ -219,7 +219,8 @@ class ATS(Defense):
         mean and std (pixels = x std + mean), which the client knows (the runner passes them, `bind_data`); each
         image's transformation then depends on that image alone. "batch-range": the batch's per-channel minimum is
         black and its maximum white (exact for batches that contain both, approximate otherwise; every image's
-        result then depends on the others): gleak's first reading, kept so that its stored trials keep their ids.
+        result then depends on the others): gleak's first reading, kept as an option (stored with its name: its
+        earliest trials, stored before the parameter existed, were re-keyed).
     mean, std: an explicit per-channel normalisation (pixels = x std + mean), used instead of either reading.
 
     The tests check every operation against PIL (the authors' implementation) at each magnitude the list uses.
@@ -247,11 +248,6 @@ class ATS(Defense):
             raise ValueError("mean and std must be given together")
         if std is not None and (len(std) != len(mean) or any(s <= 0 for s in std)):
             raise ValueError(f"std must be positive and as long as mean, got mean={mean}, std={std}")
-
-    @classmethod
-    def identity_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        """The first reading ("batch-range") keeps the ids its trials were stored under (before `pixels` existed)."""
-        return {k: v for k, v in params.items() if not (k == "pixels" and v == "batch-range")}
 
     def bind_data(self, mean: Tensor | list[float], std: Tensor | list[float]) -> None:
         self._data = ([float(v) for v in mean], [float(v) for v in std])

@@ -279,7 +279,17 @@ class Registry:
         # A plugin may leave out of its stored parameters (so out of trial ids) those added after its first release
         # where they change nothing: earlier trial ids then stay valid (as CaseConfig.LATER_FIELDS does for cases).
         identity = getattr(info.obj, "identity_params", None)
-        return identity(full) if callable(identity) else full
+        if not callable(identity):
+            return full
+        stored = identity(full)
+        # The stored form is what a trial is rebuilt from: a parameter left out must be one its default restores
+        # (or one that changes nothing), else a stored trial would silently run another configuration.
+        rebuilt = identity({**info.defaults(), **stored})
+        if rebuilt != stored:
+            diff = sorted(k for k in {*stored, *rebuilt} if stored.get(k, "<absent>") != rebuilt.get(k, "<absent>"))
+            raise RuntimeError(f"{self.kind} {name!r}: identity_params leaves out {', '.join(diff)}, which the defaults "
+                               "do not restore: a stored configuration would rebuild as another one")
+        return stored
 
     def create(self, name: str, *args: Any, **params: Any) -> Any:
         self.check_params(name, params)

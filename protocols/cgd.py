@@ -121,8 +121,10 @@ class _ConfinedTraining(Protocol):
     def identity_params(cls, params: dict[str, Any]) -> dict[str, Any]:
         """The parameters as stored in trial and utility ids. Added after the first release, and left out where
         they change nothing, so that earlier ids stay valid: utility_seed when None (the [utility] seed);
-        vertical unless it is "vfl" on a partition with feature blocks (with one feature block the readings
-        coincide, and "literal" is what every earlier vertical run computed)."""
+        vertical on a partition with one feature block (the readings coincide there). On a partition with feature
+        blocks both readings are stored: a stored "literal" left out would be rebuilt with the default "vfl"
+        (gleak.registry checks that the stored form rebuilds itself), so the literal rows stored before the
+        parameter existed were re-keyed, not reused."""
         out = dict(params)
         if out.get("utility_seed", 0) is None:
             del out["utility_seed"]
@@ -131,7 +133,7 @@ class _ConfinedTraining(Protocol):
                 cols = Partition.parse(out.get("partition", "10x1")).cols
             except ValueError:
                 cols = 1  # the plugin's own check names the bad partition
-            if out["vertical"] == "literal" or cols == 1:
+            if cols == 1:
                 del out["vertical"]
         return out
 

@@ -202,7 +202,9 @@ def test_the_data_stats_reading_needs_the_data_normalisation_and_keeps_old_ids()
         return check_params("defense", name, params)
 
     assert check("ats", {})["pixels"] == "data-stats"  # the new default: new ids for the new computation
-    assert "pixels" not in check("ats", {"pixels": "batch-range"})  # the first reading: its stored ids
+    # The first reading is stored by name: left out, a stored trial would rebuild with the default and run data-stats.
+    assert check("ats", {"pixels": "batch-range"})["pixels"] == "batch-range"
+    assert gleak.create("defense", "ats", **check("ats", {"pixels": "batch-range"})).pixels == "batch-range"
 
 
 def test_a_trial_binds_the_data_normalisation_to_the_client_defense(monkeypatch):

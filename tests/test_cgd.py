@@ -127,11 +127,14 @@ def test_vertical_reading_enters_ids_only_where_it_changes_what_is_computed():
 
     old_keys = {"alpha", "colluders", "confined", "delta", "delta_high", "eval_participants", "frac_bits", "grad_scale",
                 "inputs", "iterations", "mu", "normalize_schedule", "partition", "proxy", "secure_sum", "train_samples"}  # fmt: skip
-    # Horizontal partitions (every attack trial's case) and literal vertical ones hash as before the parameter.
+    # Horizontal partitions (every attack trial's case) hash as before the parameter: the readings coincide there.
     assert set(check_params("defense", "cgd", {"partition": "10x1"})) == old_keys
     assert set(check_params("defense", "cgd", {"partition": "10x1", "vertical": "literal"})) == old_keys
-    assert set(check_params("defense", "cgd", {"partition": "10x7", "vertical": "literal"})) == old_keys
-    # The vfl default on a vertical partition computes something new: a new id.
+    # On a vertical partition both readings are stored by name, and the stored form rebuilds the reading it names
+    # (the literal one once hashed as before the parameter, and was rebuilt with the vfl default: re-keyed).
+    for vertical in ("vfl", "literal"):
+        stored = check_params("defense", "cgd", {"partition": "10x7", "vertical": vertical})
+        assert stored["vertical"] == vertical and create("defense", "cgd", **stored).vertical == vertical
     assert check_params("defense", "cgd", {"partition": "10x7"})["vertical"] == "vfl"
     assert check_params("defense", "cgd", {"partition": "10x7", "utility_seed": 2})["utility_seed"] == 2
     assert "utility_seed" not in check_params("defense", "local-training", {"partition": "10x7"})

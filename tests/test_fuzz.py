@@ -35,7 +35,8 @@ KEYS = {
              "local_lr", "train_lr", "model_params", "data_root", "dtype", "seed"],
     "attack": ["name", "iterations", "lr", "restarts", "tv", "rows"],
     "defense": ["name", "sigma", "ratio", "clip", "noise_multiplier", "mode"],
-    "utility": ["dataset", "model", "training_rounds", "clients", "batch_size", "lr", "delta", "seed"],
+    "utility": ["dataset", "model", "training_rounds", "clients", "batch_size", "lr", "server_lr", "client_lr", "algorithm",
+                "delta", "seed"],
 }  # fmt: skip
 TRIED: Counter = Counter()
 

@@ -36,6 +36,33 @@ def test_params_validated_by_type_and_name():
     assert d.get_params() == {"ratio": 0.5, "scope": "global", "error_feedback": False}
 
 
+def test_a_stored_form_that_does_not_rebuild_its_configuration_is_refused():
+    """identity_params may leave a parameter out of stored configs (and ids) only where the defaults restore it: the
+    cgd protocol once dropped vertical = "literal", and every such stored trial rebuilt as the vfl default."""
+    from gleak.plugin import Defense
+
+    class Lossy(Defense):
+        """Test defense whose stored form drops a non-default reading."""
+
+        def __init__(self, reading: str = "new"):
+            self.reading = reading
+
+        @classmethod
+        def identity_params(cls, params):
+            return {k: v for k, v in params.items() if not (k == "reading" and v == "old")}
+
+        def transform(self, update, rng):
+            return update
+
+    own = registry.Registry("defense")  # a registry of its own: the session's plugin lists never see it
+    own.register("lossy")(Lossy)
+    assert own.check_params("lossy", {"reading": "new"}) == {"reading": "new"}
+    with pytest.raises(RuntimeError, match="lossy.*reading"):
+        own.check_params("lossy", {"reading": "old"})
+    for name in gleak.list_plugins("defense"):  # every built-in stored form rebuilds itself at its defaults
+        registry.check_params("defense", name, dict(getattr(registry.plugin_info("defense", name).obj, "conformance_params", {})))
+
+
 def test_check_value_typing_subset():
     from typing import Literal, Optional
 
