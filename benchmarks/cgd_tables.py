@@ -120,6 +120,12 @@ def _reading(r: dict) -> str:
     return r["params"].get("vertical", "literal")
 
 
+def _samples(r: dict) -> int | None:
+    """The number of training samples the run trained on (utility runs record it)."""
+    n = r.get("train_samples")
+    return None if n is None or n != n else int(n)
+
+
 def _agg(rows: list[dict], key: str = "accuracy") -> tuple[float, float, float] | None:
     """(mean, min, max) in percent over the rows (seeds) that have `key`."""
     vals = [100 * float(r[key]) for r in rows if r.get(key) is not None]
@@ -136,11 +142,16 @@ def tables(results: list[dict]) -> list[str]:
     """Markdown tables: each CGD configuration beside its own centralized runs (same samples, delta, schedule),
     local training and the horizontal partition with the same number of sample blocks."""
 
-    def find(part: str, mode: str, dk: str, reading: str | None = None) -> list[dict]:
+    def find(part: str, mode: str, dk: str, reading: str | None = None, samples: int | None = None) -> list[dict]:
         rows = [r for r in results if r["mode"] == mode and _part(r) == part and delta_key(r["params"]) == dk
-                and (reading is None or _reading(r) == reading)]  # fmt: skip
-        # One run per seed: cgd rows that differ only in attack-trial parameters train identically.
-        return list({r["params"].get("utility_seed"): r for r in reversed(rows)}.values())[::-1]
+                and (reading is None or _reading(r) == reading) and (samples is None or _samples(r) == samples)]  # fmt: skip
+        # One run per (training set, seed): cgd rows that differ only in attack-trial parameters train identically.
+        return list({(_samples(r), r["params"].get("utility_seed")): r for r in reversed(rows)}.values())[::-1]
+
+    def sizes(part: str, reading: str) -> list[int | None]:
+        """The training-set sizes a configuration ran on (one table line each: rows on other samples never mix)."""
+        got = {_samples(r) for r in results if r["mode"] == "cgd" and _part(r) == part and _reading(r) == reading}
+        return sorted(got, key=lambda n: -(n or 0)) or [None]
 
     note = "Fashion-MNIST (here) vs MNIST (paper): different data sets, compare the shape, not the values."
     seeds_note = "Several seeds: mean [min, max] over seeds (utility_seed)."
@@ -153,39 +164,38 @@ def tables(results: list[dict]) -> list[str]:
                 "| m | reading | samples | seeds | CGD (worst) | CGD (mean model) | local (worst) | centralized | CGD - centralized "
                 "| horizontal (m^h x 1) | CGD - horizontal | paper CGD | paper local | paper centralized |",
                 "| --- " * 14 + "|"]  # fmt: skip
-        for p, reading in parts:
-            c, loc = find(p, "cgd", "0.1", reading), find(p, "local", "0.1")
+        for p, reading, n in [(p, reading, n) for p, reading in parts for n in sizes(p, reading)]:
+            c, loc = find(p, "cgd", "0.1", reading, n), find(p, "local", "0.1", samples=n)
             cv, base, mean = _agg(c), _agg(c, "baseline_accuracy"), _agg(c, "mean_accuracy")
             gap = f"{cv[0] - base[0]:+.2f}" if cv and base else ""
             rows_h = f"{p.split('x')[0]}x1"
-            # The horizontal partition with the same sample blocks, on the same samples where the suite has it.
-            same = [r for r in find(rows_h, "cgd", "0.1") if r.get("train_samples") == (c[0].get("train_samples") if c else None)]
-            hz = _agg(same or find(rows_h, "cgd", "0.1")) if reading else None
+            # The horizontal partition with the same sample blocks, on the same samples (only there).
+            hz = _agg(find(rows_h, "cgd", "0.1", samples=n)) if reading else None
             hgap = f"{cv[0] - hz[0]:+.2f}" if cv and hz else ""
             pc, pl = PAPER.get((p, "cgd"), {}).get("0.1"), PAPER.get((p, "local"), {}).get("0.1")
-            n = (c or loc or [{}])[0].get("train_samples", "")
+            n = "" if n is None else n
             out.append(f"| ({p}) | {reading or '-'} | {n} | {len(c)} | {_show(cv, len(c))} | {_show(mean, len(c))} | "
                        f"{_show(_agg(loc), len(loc))} | {_show(base, len(c))} | {gap} | "
                        f"{_show(hz, 1) if hz else ''} | {hgap} | {_cell(pc)} | {_cell(pl)} | {_cell(PAPER['centralized']['0.1'])} |")  # fmt: skip
         out.append("")
-    parts = sorted({(_part(r), _reading(r)) for r in results if r["mode"] == "cgd"},
-                   key=lambda t: (int(t[0].split("x")[1]), int(t[0].split("x")[0]), t[1] != "vfl"))  # fmt: skip
+    parts = sorted({(_part(r), _reading(r), _samples(r)) for r in results if r["mode"] == "cgd"},
+                   key=lambda t: (int(t[0].split("x")[1]), int(t[0].split("x")[0]), t[1] != "vfl", -(t[2] or 0)))  # fmt: skip
     dks = ["0.1", "0.01", "random"]
     out += [f"Table 7 (worst confined model's accuracy by delta, gap to its centralized run in points; random: each "
             f"participant's delta ~ U[0.001, 0.1]). The gap at delta 0.1 is the confinement itself: every confined "
             f"model moves by the same public steps, so w^l_k - w^j_k stays at its initial value, delta times a "
             f"N(0, 1) draw; it shrinks with delta. {note}", "",
-            "| m | reading | " + " | ".join(f"delta {d}" for d in dks) + " | " + " | ".join(f"paper {d}" for d in dks) + " |",
-            "| --- " * (2 + 2 * len(dks)) + "|"]  # fmt: skip
-    out.append("| paper centralized | | " + " | " * (len(dks) - 1) + " | " + " | ".join(_cell(PAPER["centralized"].get(d)) for d in dks) + " |")
-    for p, reading in parts:
+            "| m | reading | samples | " + " | ".join(f"delta {d}" for d in dks) + " | " + " | ".join(f"paper {d}" for d in dks) + " |",
+            "| --- " * (3 + 2 * len(dks)) + "|"]  # fmt: skip
+    out.append("| paper centralized | | | " + " | " * (len(dks) - 1) + " | " + " | ".join(_cell(PAPER["centralized"].get(d)) for d in dks) + " |")
+    for p, reading, n in parts:
         cells = []
         for d in dks:
-            rs = find(p, "cgd", d, reading)
+            rs = find(p, "cgd", d, reading, n)
             v, b = _agg(rs), _agg(rs, "baseline_accuracy")
             cells.append("" if v is None else f"{v[0]:.2f}% ({v[0] - b[0]:+.2f})" if b is not None else f"{v[0]:.2f}%")
         paper = PAPER.get((p, "cgd"), {})
-        out.append(f"| ({p}) | {reading or '-'} | " + " | ".join(cells) + " | " + " | ".join(_cell(paper.get(d)) for d in dks) + " |")
+        out.append(f"| ({p}) | {reading or '-'} | {'' if n is None else n} | " + " | ".join(cells) + " | " + " | ".join(_cell(paper.get(d)) for d in dks) + " |")
     return out
 
 
