@@ -58,9 +58,15 @@ def metrics(folder: Path) -> dict[str, tuple]:
         con.close()
 
 
+def _read(folder: Path) -> sqlite3.Connection:
+    """A read-only connection: a plain connect would create an empty results.sqlite while a run is about to create
+    its store, and the run then (rightly) refuses the empty file."""
+    return sqlite3.connect(f"file:{folder / 'results.sqlite'}?mode=ro", uri=True, timeout=0.1)
+
+
 def stored(folder: Path) -> int:
     try:
-        con = sqlite3.connect(folder / "results.sqlite", timeout=0.1)
+        con = _read(folder)
         try:
             return con.execute("SELECT COUNT(*) FROM trials WHERE status = 'ok'").fetchone()[0]
         finally:
@@ -334,9 +340,10 @@ def test_killing_workers_and_the_main_process_at_random_points(tmp_path, scale_s
             kills["main"] += 1
             wait_until(lambda: not any(alive(p) for p in family), 20)
             assert not [p for p in family if alive(p)], "processes of a killed run are still running"
-            con = sqlite3.connect(out / "results.sqlite")
-            kept.update(con.execute("SELECT trial_id, finished_at FROM trials WHERE status = 'ok'").fetchall())
-            con.close()
+            if (out / "results.sqlite").exists():  # a run killed before it created its store stored nothing
+                con = _read(out)
+                kept.update(con.execute("SELECT trial_id, finished_at FROM trials WHERE status = 'ok'").fetchall())
+                con.close()
     assert proc.wait(300) == 0, proc.stderr.read()  # the last run: a worker killed mid-trial, its trial retried
     assert kills["main"] == 3 and kills["worker"] == 3, kills
     rows = list(csv.DictReader((out / "results.csv").open()))
