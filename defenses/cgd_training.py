@@ -68,6 +68,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gleak.config import derive_seed
+from gleak.heap import retain_freed_memory
 from gleak.plugin import check_choice
 from gleak.secret_sharing import FixedPoint
 
@@ -217,6 +218,7 @@ class ConfinedMLP:
         vertical: Vertical = "vfl", preact_frac_bits: int = PREACT_FRAC_BITS,
     ):  # fmt: skip
         check_choice("vertical", vertical, VERTICAL_READINGS)
+        retain_freed_memory()  # every iteration allocates (m, s, H_1) temporaries: reuse them, do not re-fault them
         self.layout, self.sizes, self.deltas, self.seed = layout, list(sizes), deltas, seed
         self.mode, self.secure_sum, self.dtype, self.vertical = mode, secure_sum, dtype, vertical
         self.fp = FixedPoint(frac_bits)
@@ -301,20 +303,38 @@ class ConfinedMLP:
         return (self.fp_preact.to_integers(zc, p.cols).sum(0) / self.fp_preact.scale).to(self.dtype)
 
     def _first_pre(self) -> Tensor:
+        """The first-layer pre-activations the upper layers continue from: (m, s, H_1), one per participant; in the
+        vfl reading (rows, s, H_1), one per sample block, shared by the block's cols participants."""
         z = self.partial_preactivations()
-        if not self.vfl:
-            return z
-        # Every participant of a block continues from the block's summed pre-activation.
-        cols = self.layout.partition.cols
-        return self.summed_preactivations(z).repeat(cols, 1, 1).view(self.m, self.s, -1)
+        return self.summed_preactivations(z) if self.vfl else z
+
+    # In the vfl reading the first hidden activation is one per sample block, (rows, s, k), and the participants
+    # (j, i), j = 0..cols-1, continue from block i's. These two lay the participants' per-layer tensors (m, ..., n)
+    # out block by block, (rows, ..., cols * n), so that one bmm serves a whole block (no (m, s, H_1) copy).
+    def _by_block(self, t: Tensor) -> Tensor:
+        p = self.layout.partition
+        return t.view(p.cols, p.rows, t.shape[1], -1).permute(1, 2, 0, 3).reshape(p.rows, t.shape[1], -1)
+
+    def _by_participant(self, t: Tensor, n: int) -> Tensor:
+        p = self.layout.partition
+        return t.view(p.rows, t.shape[1], p.cols, n).permute(2, 0, 1, 3).reshape(self.m, t.shape[1], n)
+
+    def _forward(self, a: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        """Every participant's a_l @ W_l + b_l, (m, s, n); a is (rows, s, k) per sample block where a.shape[0] is
+        not m (vfl first layer)."""
+        if a.shape[0] == self.m:
+            return torch.baddbmm(b.unsqueeze(1), a, w)
+        n = w.shape[-1]
+        return self._by_participant(torch.bmm(a, self._by_block(w)), n).add_(b.unsqueeze(1))
 
     def gradients(self) -> tuple[Tensor, list[Tensor], list[Tensor], float]:
         """Every participant's backward pass. Returns dZ1 (m, s, h1) (first-layer gradients are X_l^T dZ1_l and
-        the column sums), the upper layers' input activations and dZ per layer, and the mean training loss."""
+        the column sums), the upper layers' input activations and dZ per layer, and the mean training loss. The
+        first upper layer's input activation is per sample block in the vfl reading (see _first_pre)."""
         acts = [torch.relu_(self._first_pre())]  # in place: the pre-activation itself is not needed again
         weights = [self._upper(r) for r in range(len(self.upper_w))]
         for r, (w, b) in enumerate(weights):
-            z = torch.baddbmm(b.unsqueeze(1), acts[-1], w)
+            z = self._forward(acts[-1], w, b)
             acts.append(torch.relu_(z) if r < len(weights) - 1 else z)
         logp = F.log_softmax(acts.pop(), -1)
         y = self.layout.y.unsqueeze(-1)
@@ -325,18 +345,35 @@ class ConfinedMLP:
         dzs = [dz]
         for r in range(len(weights) - 1, -1, -1):
             da = torch.bmm(dzs[0], weights[r][0].transpose(1, 2))
-            dzs.insert(0, da.masked_fill_(acts[r] <= 0, 0))  # ReLU': a > 0 exactly where z > 0
+            a = acts[r]
+            if a.shape[0] != self.m:  # a block's activation, broadcast over its cols participants
+                a = a.unsqueeze(0)
+                da = da.view(-1, *a.shape[1:])
+            # ReLU': a > 0 exactly where z > 0; written into da (the fused form of masked_fill(a <= 0, 0)).
+            torch.ops.aten.threshold_backward.grad_input(da, a, 0, grad_input=da)
+            dzs.insert(0, da.view(self.m, self.s, -1))
         return dzs[0], dzs[1:], acts, loss
 
     def _sum_upper(self, acts: list[Tensor], dzs: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         sw, sb = [], []
         for r, dz in enumerate(dzs):
             a = acts[r]
-            if self.secure_sum == "float":
+            per_block = a.shape[0] != self.m
+            if self.secure_sum == "float" and per_block:
+                # sum_l a_block(l)^T dz_l = sum_i a_i^T (the sum of dz over block i's participants), computed as
+                # (dz^T a)^T: a^T dz with a tall a is an order of magnitude slower in this BLAS.
+                dzb = dz.view(self.layout.partition.cols, -1, dz.shape[-1]).sum(0)
+                sw.append((dzb.T @ a.reshape(-1, a.shape[-1])).T * self.upper_scale)
+                sb.append(dzb.sum(0) * self.upper_scale)
+            elif self.secure_sum == "float":
                 sw.append(a.reshape(-1, a.shape[-1]).T @ dz.reshape(-1, dz.shape[-1]) * self.upper_scale)
                 sb.append(dz.sum((0, 1)) * self.upper_scale)
             else:
-                gw = torch.bmm(a.transpose(1, 2), dz) * self.upper_scale
+                if per_block:
+                    n = dz.shape[-1]
+                    gw = self._by_participant(torch.bmm(a.transpose(1, 2), self._by_block(dz)), n) * self.upper_scale
+                else:
+                    gw = torch.bmm(a.transpose(1, 2), dz) * self.upper_scale
                 gb = dz.sum(1) * self.upper_scale
                 sw.append(self._encoded_sum(gw, self.m).to(self.dtype))
                 sb.append(self._encoded_sum(gb, self.m).to(self.dtype))
