@@ -65,8 +65,8 @@ from torch import nn
 
 from gleak.config import derive_seed
 from gleak.errors import UnsupportedCase
-from gleak.models import create_model
-from gleak.plugin import check_choice
+from gleak.models import create_model, first_linear
+from gleak.plugin import Defense, check_choice
 from gleak.protocol import Protocol, Schedule, run_rounds
 from gleak.registry import register_protocol
 from gleak.secret_sharing import FixedPoint, secure_sum, sum_encoded
@@ -75,6 +75,7 @@ from gleak.threat import ClientBatch, Update
 from gleak.defenses.cgd_training import (
     VERTICAL_READINGS, Partition, blocks, init_deltas, participant_init, step_size, train,
 )
+from gleak.protocols.cgd_vertical import VerticalBlock, block_update, draw_block, initial_blocks, step_block, zero_block
 
 # The share protocol costs parties^2 ring elements per coordinate; beyond this many in all, the bit-identical sum
 # of encodings is used instead (gleak.secret_sharing.sum_encoded).
@@ -120,7 +121,8 @@ class _ConfinedTraining(Protocol):
     @classmethod
     def identity_params(cls, params: dict[str, Any]) -> dict[str, Any]:
         """The parameters as stored in trial and utility ids. Added after the first release, and left out where
-        they change nothing, so that earlier ids stay valid: utility_seed when None (the [utility] seed);
+        they change nothing, so that earlier ids stay valid: utility_seed when None (the [utility] seed), split_features
+        when false;
         vertical on a partition with one feature block (the readings coincide there). On a partition with feature
         blocks both readings are stored: a stored "literal" left out would be rebuilt with the default "vfl"
         (gleak.registry checks that the stored form rebuilds itself), so the literal rows stored before the
@@ -128,6 +130,8 @@ class _ConfinedTraining(Protocol):
         out = dict(params)
         if out.get("utility_seed", 0) is None:
             del out["utility_seed"]
+        if out.get("split_features", True) is False:
+            del out["split_features"]
         if "vertical" in out:
             try:
                 cols = Partition.parse(out.get("partition", "10x1")).cols
@@ -242,12 +246,18 @@ def train_per_participant(
 
     t0 = time.perf_counter()
     part = Partition.parse(proto.partition)
-    if part.cols > 1:
-        raise UnsupportedCase("CGD's per-participant path (a client defense inside CGD) runs horizontal partitions only")
+    vertical = part.cols > 1 and proto._mode == "cgd"
+    if part.cols > 1 and (not vertical or getattr(proto, "vertical", "vfl") != "vfl"):
+        raise UnsupportedCase("CGD's per-participant path runs horizontal partitions and vertical ones in the vfl reading")
     sizes = _mlp_sizes(config, train_ds)
     x, y = _subset(train_ds, proto.train_samples, config.seed, proto.inputs)
     x_test, y_test = _features(test_ds, slice(None), proto.inputs), test_ds.y
-    models, batches = initial_participants(proto, x, y, sizes, derive_seed(config.seed, "cgd"), dtype)
+    seed = derive_seed(config.seed, "cgd")
+    if vertical:  # one client per sample block (protocols/cgd_vertical.py)
+        deltas = init_deltas(part.m, proto.delta, proto.delta_high, seed)
+        models, batches = initial_blocks(part, deltas, x, y, sizes, seed, dtype)
+    else:
+        models, batches = initial_participants(proto, x, y, sizes, seed, dtype)
     defenses = [create("defense", defense[0], **defense[1]) for _ in models]
     for d in defenses:
         d.reset()
@@ -255,17 +265,20 @@ def train_per_participant(
     wire = torch.Generator().manual_seed(derive_seed(config.seed, "cgd/wire"))
     proto = copy.copy(proto)  # the utility run's schedule: alpha = [utility] server_lr over T = [utility] training_rounds
     proto.alpha, proto.iterations = config.server_step, config.training_rounds
+    if vertical:
+        proto.split_features = True  # the fixed-point sums then count every participant of a block as an addend
     proto.reset()
     proto._models = list(models)
     schedule = Schedule(lambda r: batches, lambda r: rngs, lambda r: wire)
     models, _ = run_rounds(proto, defenses, models, config.training_rounds, schedule, config.server_step, observe=False)
     if models_only:  # the engine's equality test compares the models themselves
         return models
-    accs = torch.tensor([_accuracy(m, x_test, y_test) for m in models])
+    members = [p for m in models for p in (m.members if isinstance(m, VerticalBlock) else [m])]
+    accs = torch.tensor([_accuracy(m, x_test, y_test) for m in members])
     spent = [d.privacy_spent() for d in defenses]  # each participant's accountant: full-batch steps
     eps = max(spent) if spent and None not in spent else None
     return {"accuracy": float(accs.min()), "mean_accuracy": float(accs.mean()), "best_accuracy": float(accs.max()),
-            "participants": len(models), "iterations": config.training_rounds, "train_samples": len(y), "epsilon": eps,
+            "participants": len(members), "iterations": config.training_rounds, "train_samples": len(y), "epsilon": eps,
             "path": "per-participant", "seconds": time.perf_counter() - t0}  # fmt: skip
 
 
@@ -328,6 +341,9 @@ class CGD(_ConfinedTraining):
         "literal" (each participant predicts from its own feature block); see the module docstring.
     utility_seed: utility runs: the seed of the sample order and the confined inits (None: the [utility] seed), so
         that a suite can repeat a utility row over seeds.
+    split_features: attack trials: split each client's samples into the partition's cols feature blocks (Algorithm 2
+        in the vfl reading, protocols/cgd_vertical.py: m = clients x cols participants, the pre-activation wire
+        reaches the observer). Default false: every client holds whole samples (Algorithm 1), whatever the partition.
     Also accepted as a defense (`[[defense]] name = "cgd"`), its historical spelling: CGD with no client transform.
     """
 
@@ -353,6 +369,7 @@ class CGD(_ConfinedTraining):
         confined: bool = True,
         vertical: Literal["vfl", "literal"] = "vfl",
         utility_seed: int | None = None,
+        split_features: bool = False,
     ):
         self._check_common(partition, delta, delta_high, frac_bits, train_samples, eval_participants, inputs)
         if mu < 0:
@@ -369,7 +386,7 @@ class CGD(_ConfinedTraining):
         check_choice("vertical", vertical, VERTICAL_READINGS)
         if utility_seed is not None and utility_seed < 0:
             raise ValueError(f"utility_seed must be >= 0, got {utility_seed}")
-        self.vertical, self.utility_seed = vertical, utility_seed
+        self.vertical, self.utility_seed, self.split_features = vertical, utility_seed, bool(split_features)
         self.partition, self.delta, self.delta_high = partition, delta, delta_high
         self.mu, self.normalize_schedule, self.grad_scale = mu, normalize_schedule, grad_scale
         self.secure_sum, self.frac_bits = secure_sum, frac_bits
@@ -383,11 +400,26 @@ class CGD(_ConfinedTraining):
         self._extra: list[nn.Module] = []  # models the adversary moves along: its own draw, the mean proxy
         self._sum: Update | None = None
         self._k = 1
+        self._offset: tuple[torch.Tensor, torch.Tensor] | None = None  # the public first-layer offset (split trials)
 
-    def _colluders(self, m: int) -> int:
-        t = m - 2 if self.colluders is None else self.colluders
-        if m < 2 or t > m - 2:
-            raise UnsupportedCase(f"CGD's adversary controls t <= m - 2 participants: m = {m}, t = {t}")
+    def _cols(self) -> int:
+        """Feature blocks per client in attack trials: the partition's cols with split_features, else 1."""
+        return Partition.parse(self.partition).cols if self.split_features else 1
+
+    def _colluders(self, clients: int) -> int:
+        """t colluding participants. Whole samples: the last t clients (default m - 2). Split features: whole sample
+        blocks outside the victim's, t a multiple of cols (default all of them, m - cols)."""
+        cols = self._cols()
+        m = clients * cols
+        if cols == 1:
+            t = m - 2 if self.colluders is None else self.colluders
+            if m < 2 or t > m - 2:
+                raise UnsupportedCase(f"CGD's adversary controls t <= m - 2 participants: m = {m}, t = {t}")
+            return t
+        t = m - cols if self.colluders is None else self.colluders
+        if t % cols or t > m - cols:
+            raise UnsupportedCase(f"colluders on a vertical partition are whole sample blocks other than the victim's "
+                                  f"(t in 0, {cols}, ..., {m - cols}), got {t}")  # fmt: skip
         return t
 
     def _delta(self, rng: torch.Generator) -> float:
@@ -398,6 +430,8 @@ class CGD(_ConfinedTraining):
     def client_models(self, model: nn.Module, clients: int, rng: torch.Generator) -> list[nn.Module]:
         self.reset()
         self._colluders(clients)
+        if self._cols() > 1:
+            return self._vertical_models(model, clients, rng)
         if self.confined:
             self._models = [_redraw(model, self._delta(rng), rng) for _ in range(clients)]
         else:
@@ -407,12 +441,38 @@ class CGD(_ConfinedTraining):
         self._extra = [own, mean]
         return list(self._models)
 
+    def _vertical_models(self, model: nn.Module, clients: int, rng: torch.Generator) -> list[nn.Module]:
+        cols = self._cols()
+        if self.vertical != "vfl":
+            raise UnsupportedCase("attack trials with split_features run the vfl reading (vertical = 'vfl'); the "
+                                  "literal reading's are not built")  # fmt: skip
+        if not self.confined:
+            raise UnsupportedCase("split_features with confined = false (federated SGD over feature blocks) is not built")
+        found = first_linear(model)
+        if not isinstance(model, nn.Sequential) or found is None or found[1].bias is None:
+            raise UnsupportedCase("split_features needs the MLP (a Sequential whose first layer is an nn.Linear with bias)")
+        d = found[1].in_features
+        if cols > d:
+            raise UnsupportedCase(f"{cols} feature blocks of {d} input features")
+        feats = blocks(d, cols)
+        self._models = [draw_block(model, feats, [self._delta(rng) for _ in feats], rng) for _ in range(clients)]
+        self._extra = [draw_block(model, feats, [self._delta(rng) for _ in feats], rng), zero_block(model, feats)]
+        self._offset = (torch.zeros_like(found[1].weight.detach()), torch.zeros_like(found[1].bias.detach()))
+        return list(self._models)
+
+    def client_update(self, model: nn.Module, batch: ClientBatch, defense: Any, rng: torch.Generator) -> Update:
+        if not isinstance(model, VerticalBlock):
+            return super().client_update(model, batch, defense, rng)
+        if type(defense).client_gradient is not Defense.client_gradient:
+            raise UnsupportedCase("a client defense computing its own gradients (DP-SGD) inside a vertical CGD block is not built")
+        return block_update(model, batch, self.secure_sum)
+
     def observed_rounds(self) -> int:
         return self.iterations
 
     def _sums(self, sent: list[Update], rng: torch.Generator | None, t: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(total, honest): the secure sum of all scaled gradients and the part of it of the first m - t (honest)
-        participants, what the t colluders recover by subtracting their own encodings. The share protocol runs
+        """(total, honest): the secure sum of all scaled gradients and the part of it of the first len(sent) - t
+        (honest) clients, what the colluders recover by subtracting their own encodings. The share protocol runs
         when `rng` is given; without it the bit-identical sum of encodings (the server's own step)."""
         m = len(sent)
         if any(u.kind != "gradient" for u in sent):
@@ -424,7 +484,7 @@ class CGD(_ConfinedTraining):
         if self.secure_sum == "float":
             return flats.sum(0), flats[:honest].sum(0)
         fp = FixedPoint(self.frac_bits)
-        enc = fp.encode(flats, addends=m)
+        enc = fp.encode(flats, addends=m * self._cols())
         share = rng is not None and m * m * enc.shape[1] <= SHARE_BUDGET
         ring = secure_sum(enc, rng) if share else sum_encoded(enc)
         # The colluders subtract their own encodings from the reconstructed sum: the honest participants' sum.
@@ -433,11 +493,15 @@ class CGD(_ConfinedTraining):
 
     def observe(self, sent: list[Update], rng: torch.Generator) -> Update:
         t = self._colluders(len(sent))
-        total, seen = self._sums(sent, rng, t)
-        honest = len(sent) - t
+        cols = self._cols()
+        total, seen = self._sums(sent, rng, t // cols)  # a colluding sample block is cols colluding participants
+        honest = len(sent) - t // cols
         dtype = sent[0].flat().dtype
         self._sum = (sent, sent[0].with_flat(total.to(dtype)))  # the server's step uses this very sum
-        meta = {"protocol": "cgd" if self.confined else "fedsgd+secure-sum", "participants": len(sent), "colluders": t}
+        meta = {"protocol": "cgd" if self.confined else "fedsgd+secure-sum", "participants": len(sent) * cols, "colluders": t}
+        if cols > 1:  # the vfl wire: the victim block's summed pre-activations, and the public offset they were made at
+            meta["preactivations"] = sent[0].meta["preactivations"]
+            meta["first_offset"] = (self._offset[0].clone(), self._offset[1].clone())
         return Update(sent[0].with_flat(seen.to(dtype)).tensors, "gradient", sum(u.num_samples for u in sent[:honest]), meta)
 
     def server_step(self, models: list[nn.Module], sent: list[Update], lr: float, rng: torch.Generator) -> list[nn.Module]:
@@ -455,6 +519,9 @@ class CGD(_ConfinedTraining):
 
         def step(mod: nn.Module) -> nn.Module:
             if id(mod) not in stepped:  # a model shared by several clients (confined = false) steps once
+                if isinstance(mod, VerticalBlock):
+                    stepped[id(mod)] = step_block(mod, total, a)
+                    return stepped[id(mod)]
                 new = copy.deepcopy(mod)
                 with torch.no_grad():
                     for name, p in new.named_parameters():
@@ -465,15 +532,21 @@ class CGD(_ConfinedTraining):
 
         out = [step(mod) for mod in models]
         self._models, self._extra = out, [step(mod) for mod in self._extra]
+        if self._offset is not None and out and isinstance(out[0], VerticalBlock):
+            name = out[0].first_name  # every w_k - w_1 is minus the public sum of past steps
+            self._offset = (self._offset[0] - a * total[f"{name}.weight"], self._offset[1] - a * total[f"{name}.bias"])
         return out
 
     def observer_model(self, model: nn.Module, client_models: list[nn.Module]) -> nn.Module:
         if not self.confined:
             return client_models[0]  # the shared model: the observer knows it
         if self.proxy == "mean":
-            return self._extra[1]
-        t = self._colluders(len(client_models))
-        return client_models[-1] if t else self._extra[0]
+            held = self._extra[1]
+        else:
+            t = self._colluders(len(client_models))
+            held = client_models[-1] if t else self._extra[0]
+        # A vertical block's proxy: one of its participants' models (the block's first layer, that member's upper).
+        return held.members[0] if isinstance(held, VerticalBlock) else held
 
 
 @register_protocol("local-training", as_defense=True)
