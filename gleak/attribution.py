@@ -2,7 +2,8 @@
 
 A confined protocol (cgd, local-training) has a `partition` that shapes its utility runs, (rows x cols)
 participants, while its attack trials take their participants from the case: `clients` participants holding whole
-samples (Algorithm 1), with `colluders` of them on the adversary's side (None: clients - 2). A trial whose case does
+samples (Algorithm 1; with cgd's split_features each client is a sample block of the partition's cols feature
+blocks), with `colluders` of them on the adversary's side (None: clients - 2). A trial whose case does
 not match its partition (4 clients under partition = "100x49") measured the protocol at (4x1), not at (100x49), and
 must not be reported as breaking (or protecting) the (100x49) partition. `attribute_measured_configuration`
 rewrites, for the report only, such a trial's partition to the one it was measured at and its default colluders
@@ -20,9 +21,10 @@ import pandas as pd
 CONFINED_PROTOCOLS = ("cgd", "local-training")
 
 
-def measured_partition(clients: int) -> str:
-    """The partition an attack trial measures: its case's clients as sample blocks, whole samples each."""
-    return f"{int(clients)}x1"
+def measured_partition(clients: int, cols: int = 1) -> str:
+    """The partition an attack trial measures: its case's clients as sample blocks, whole samples each (cols 1),
+    or split into the partition's cols feature blocks (cgd's split_features)."""
+    return f"{int(clients)}x{int(cols)}"
 
 
 def _attributed(params: dict[str, Any], clients: int) -> dict[str, Any] | None:
@@ -30,11 +32,14 @@ def _attributed(params: dict[str, Any], clients: int) -> dict[str, Any] | None:
     part = str(params.get("partition", "10x1")).lower().replace(" ", "")
     cols = part.split("x")[1] if "x" in part else "1"
     rows = part.split("x")[0]
-    if (rows, cols) == (str(clients), "1"):
+    measured_cols = int(cols) if params.get("split_features") else 1
+    if (rows, cols) == (str(clients), str(measured_cols)):
         return None  # measured at its own partition: kept as stored, so that its utility row meets it
-    out = {**params, "partition": measured_partition(clients)}
+    out = {**params, "partition": measured_partition(clients, measured_cols)}
     if "colluders" in params and params["colluders"] is None:
-        out["colluders"] = max(0, int(clients) - 2)  # the protocol's default, m - 2
+        # the protocol's default: m - 2, or with feature blocks every sample block but the victim's
+        m = int(clients) * measured_cols
+        out["colluders"] = max(0, m - 2) if measured_cols == 1 else m - measured_cols
     return out
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -27,10 +27,10 @@ from gleak.errors import PluginContractError, UnsupportedCase
 from gleak.models import create_model
 from gleak.gate import attacker_knowledge, observation
 from gleak.plugin import Attack, Defense, Plugin
-from gleak.protocol import Setup
+from gleak.protocol import Setup, run_rounds, trial_setup
 from gleak.guards import extra_json
 from gleak.threat import KNOWLEDGE, ClientBatch, Reconstruction, Update
-from gleak.trial import DTYPES, client_update, draw_batches, load_case_data
+from gleak.trial import DTYPES, client_update, draw_batches, load_case_data, observed_schedule
 
 CHECK_NAMES = {
     "attack": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
@@ -84,6 +84,32 @@ def _meta_checks(kind: str, name: str) -> list[Check]:
     return out
 
 
+def attack_cases(cls: type) -> tuple[CaseConfig, ...]:
+    """The standard cases, and for an attack that only applies behind a protocol's wire (its class names one as
+    `conformance_protocol = (name, params)`) the first MLP case run through that protocol with two clients."""
+    extra = getattr(cls, "conformance_protocol", None)
+    if extra is None:
+        return CASES
+    name, params = extra
+    return (*CASES, replace(CASES[0], clients=2, protocol=name, protocol_params=dict(params)))
+
+
+def _observed_through_protocol(attack: Attack, cfg: TrialConfig, ds: Any, model: Any, public: Any):
+    """A case with a protocol: its observed rounds (gleak.protocol.run_rounds), every round through the gate."""
+    dtype = DTYPES[cfg.case.dtype]
+    batches = draw_batches(ds, cfg, dtype)
+    setup = trial_setup(cfg.case, "none", {})
+    protocol = registry.create("protocol", setup.protocol, **setup.protocol_params)
+    defenses = [registry.create("defense", "none") for _ in batches]
+    knowledge = attacker_knowledge(attack, ds, batches[0], public, setup)
+    protocol.reset()
+    models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
+    _, seen = run_rounds(protocol, defenses, models, protocol.observed_rounds(), observed_schedule(batches, cfg),
+                         cfg.case.warmup_lr, step_last=False)  # fmt: skip
+    history = tuple(observation(w.view, w.held, attack, knowledge, cfg) for w in seen[:-1])
+    return batches[0], observation(seen[-1].view, seen[-1].held, attack, knowledge, cfg, history)
+
+
 def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, seed: int = 0):
     """One trial's chain, returning what the checks inspect."""
     cfg = TrialConfig("check", "x", {}, "none", {}, case, seed)
@@ -91,6 +117,15 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
     ds = load_case_data(cfg)
     victim = draw_batches(ds, cfg, dtype)[0]
     attack = attack_factory()
+    if case.protocol != "fedsgd":
+        public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
+        model = create_model(case.model, ds.input_shape, ds.num_classes, seed=derive_seed(seed, "model"), dtype=dtype)
+        victim, obs = _observed_through_protocol(attack, cfg, ds, model, public)
+        snap_update = {k: v.clone() for k, v in obs.update.tensors.items()}
+        rec = attack.reconstruct(obs, generator(seed, "attack"))
+        if not isinstance(rec, Reconstruction):
+            raise PluginContractError(f"reconstruct must return a Reconstruction, got {type(rec).__name__}")
+        return rec, victim, ds, not _tensors_equal(snap_update, obs.update.tensors), False
     public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public, Setup("fedsgd", {}, "none", {}))
     model = create_model(case.model, ds.input_shape, ds.num_classes, seed=derive_seed(seed, "model"), dtype=dtype)
@@ -121,7 +156,7 @@ def check_attack(name: str, params: dict[str, Any] | None = None) -> list[Check]
     checks.append(Check("needs names known knowledge", not unknown, ", ".join(sorted(unknown))))
 
     supported, outcomes = None, []
-    for case in CASES:
+    for case in attack_cases(cls):
         try:
             result = _run_attack_once(factory, case)
             outcomes.append((case, None))
@@ -137,7 +172,8 @@ def check_attack(name: str, params: dict[str, Any] | None = None) -> list[Check]
         checks.append(Check("supports a standard case", False, "; ".join(e for _, e in outcomes if e)))
         return checks
     case, (rec, victim, ds, mutated, prepare_mutated) = supported
-    checks.append(Check("supports a standard case", True, f"{case.model}, batch size {case.batch_size}"))
+    through = f", through {case.protocol} {case.protocol_params}" if case.protocol != "fedsgd" else ""
+    checks.append(Check("supports a standard case", True, f"{case.model}, batch size {case.batch_size}{through}"))
     shape_ok, detail = True, ""
     if rec.x is None and rec.y is None:
         shape_ok, detail = False, "returned neither images nor labels"

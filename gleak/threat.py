@@ -30,6 +30,10 @@ KNOWLEDGE = {
 WIRE_META = {
     "lr": "", "local_steps": "", "protocol": "", "participants": "", "colluders": "",
     "local_batch_size": "batch_size",  # FedAvg's mini-batch size is the batch size when local steps use the whole batch
+    # CGD's vfl reading on feature blocks (split_features): the victim block's summed first-layer pre-activations,
+    # which the aggregator running that secure sum sees (one row per sample: the wire itself shows the count), and
+    # the public first-layer offset they were computed at.
+    "preactivations": "", "first_offset": "",
 }  # fmt: skip
 
 
