@@ -30,15 +30,42 @@ def frame(folder: Path) -> pd.DataFrame:
     for _, r in df.iterrows():
         p, case = json.loads(r["defense_params"]), json.loads(r["case"])
         m = int(case.get("clients", 1))
-        t = m - 2 if p.get("colluders") is None else int(p["colluders"])
+        cols = int(str(p.get("partition", "1x1")).split("x")[1]) if p.get("split_features") else 1
+        if cols > 1:  # sample blocks of cols participants: colluders are whole blocks, default all but the victim's
+            t = m * cols - cols if p.get("colluders") is None else int(p["colluders"])
+            kind = "t = 0" if t == 0 else "t = m - cols" if t == m * cols - cols else f"t = {t}"
+        else:
+            t = m - 2 if p.get("colluders") is None else int(p["colluders"])
+            kind = "t = 0" if t == 0 else "t = m - 2" if t == m - 2 else f"t = {t}"
         rows.append({"model": r["model"], "m": m, "protocol": "cgd" if p.get("confined", True) else "fedsgd+secure-sum",
-                     "colluders": "t = 0" if t == 0 else "t = m - 2" if t == m - 2 else f"t = {t}",
-                     "attack": r["attack"], "recovered": r["verdict"] == "recovered", "psnr": float(r["psnr"])})  # fmt: skip
+                     "colluders": kind, "attack": r["attack"], "recovered": r["verdict"] == "recovered",
+                     "psnr": float(r["psnr"]), "vertical": f"{m}x{cols}" if cols > 1 else "",
+                     "iterations": int(p.get("iterations", 1)), "batch": int(case.get("batch_size", 1))})  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def vertical_table(df: pd.DataFrame) -> list[str]:
+    """The split_features trials: rows attack, partition, colluders, observed iterations; columns batch size."""
+    if df.empty:
+        return []
+    bs = sorted(df["batch"].unique())
+    out = ["Vertical partitions (vfl reading, split_features): share of seeds recovered (median PSNR in dB) by the "
+           "victim block's batch size; the aggregator also sees the block's summed pre-activations.", "",
+           "| attack | partition | colluders | iterations | " + " | ".join(f"batch {b}" for b in bs) + " |",
+           "| --- " * (4 + len(bs)) + "|"]  # fmt: skip
+    for (a, part, t, k), h in df.groupby(["attack", "vertical", "colluders", "iterations"], sort=True):
+        cells = []
+        for b in bs:
+            c = h[h["batch"] == b]
+            cells.append("" if c.empty else f"{int(c['recovered'].sum())}/{len(c)} ({c['psnr'].median():.1f})")
+        out.append(f"| {a} | ({part}) | {t} | {k} | " + " | ".join(cells) + " |")
+    return [*out, ""]
 
 
 def tables(df: pd.DataFrame) -> list[str]:
     out = []
+    vertical = df[df["vertical"] != ""] if len(df) else df
+    df = df[df["vertical"] == ""] if len(df) else df
     ms = sorted(df["m"].unique())
     for model, g in df.groupby("model", sort=False):
         out += [f"{model}: share of seeds recovered (median PSNR in dB) by the number of participants m; the victim "
@@ -52,7 +79,7 @@ def tables(df: pd.DataFrame) -> list[str]:
                 cells.append("" if c.empty else f"{int(c['recovered'].sum())}/{len(c)} ({c['psnr'].median():.1f})")
             out.append(f"| {a} | {proto} | {t} | " + " | ".join(cells) + " |")
         out.append("")
-    return out
+    return out + vertical_table(vertical)
 
 
 def main() -> int:

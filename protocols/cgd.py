@@ -43,10 +43,16 @@ Reading of Algorithm 2 (ambiguous in the paper; `vertical`, which only matters w
   aggregator solves for every training sample of every block (cgd_training.invert_preactivation_wire; tested:
   every sample of a toy partition within 0.05 per pixel after 30 iterations of the fixed-point wire). The wire also
   shows the number of samples of each block (one row each). The horizontal protocol (Algorithm 1) reveals only the
-  gradient sums. Attack trials run Algorithm 1, so no attack trial observes this wire yet.
+  gradient sums. Attack trials observe this wire with `split_features` (below).
 - "literal": lines 7-8 read literally, z = xi_(i,j) w^(1): each participant predicts from its own feature block, in
   training and in evaluation. Only the gradient sums cross the wire; accuracy stays at local-training level.
-Attack trials run Algorithm 1 (the case's clients hold whole samples), where the two readings coincide.
+Attack trials run Algorithm 1 by default (the case's clients hold whole samples), where the two readings coincide.
+With split_features = true they run Algorithm 2 in the vfl reading (protocols/cgd_vertical.py): each of the case's
+clients is a sample block of the partition's cols feature-block participants (m = clients x cols), a block's update
+is its share of the secure sums in the plain MLP's layout, and the observer's view carries the wire (meta
+"preactivations": the victim block's summed pre-activations; "first_offset": the public first-layer offset they
+were computed at), which attacks/preactivation_inversion.py solves. Colluders are then whole sample blocks other than
+the victim's (default all of them, t = m - cols); the proxy model is one participant's model of a colluding block.
 
 Defaults: delta = 0.1 (MNIST), one delta for all (delta_high sets the range of per-participant draws, e.g. delta =
 0.001 with delta_high = 0.1), mu = 0 (fixed alpha, section 7.1), 24 fractional bits. Known deviations: the paper's
@@ -238,10 +244,11 @@ def train_per_participant(
     proto: "_ConfinedTraining", config: Any, train_ds: Any, test_ds: Any, defense: tuple[str, dict[str, Any]] = ("none", {}),
     dtype: torch.dtype = torch.float32, models_only: bool = False,
 ) -> Any:  # fmt: skip
-    """A utility run of `proto` (cgd or local-training) participant by participant through run_rounds
-    (horizontal partitions): full-batch rounds on each participant's sample block, from the engine's initial models
-    (participant_init), each participant's gradients through its defense. `models_only`: return the trained
-    models (the engine's equality test)."""
+    """A utility run of `proto` (cgd or local-training) participant by participant through run_rounds:
+    full-batch rounds on each participant's sample block, from the engine's initial models
+    (participant_init), each participant's gradients through its defense; vertical partitions (vfl reading) one
+    client per sample block (protocols/cgd_vertical.py). `models_only`: return the trained models (the engine's
+    equality tests)."""
     from gleak.registry import create
 
     t0 = time.perf_counter()
@@ -319,8 +326,8 @@ class CGD(_ConfinedTraining):
     Parameters
     ----------
     partition: utility runs: "rows x cols" participants, rows sample blocks by cols feature blocks ("10x1" is
-        Algorithm 1 with 10 participants, "10x7" Algorithm 2). Attack trials take the participants from the case
-        (clients, batch_size) and run Algorithm 1.
+        Algorithm 1 with 10 participants, "10x7" Algorithm 2). Attack trials take the sample blocks from the case
+        (clients, batch_size) and run Algorithm 1, or Algorithm 2 on the partition's cols with split_features.
     delta: init scale delta of w_1 = delta N(0, 1) (default 0.1, the paper's MNIST setting).
     delta_high: when set, each participant draws its own delta uniformly from [delta, delta_high] (Table 7 "Random").
     mu, normalize_schedule: step schedule alpha_k (see cgd_training.step_size): mu = 0 is a fixed alpha.
@@ -333,7 +340,8 @@ class CGD(_ConfinedTraining):
         "standardized" (gleak's mean/std normalisation, about 3x larger inputs on Fashion-MNIST).
     iterations: attack trials: CGD iterations the adversary observes (the last is attacked; all reach the attack).
     alpha: attack trials: the step size alpha of those iterations (utility runs use [utility] server_lr).
-    colluders: attack trials: t colluding participants, the last t clients (default m - 2, the paper's worst case).
+    colluders: attack trials: t colluding participants, the last t clients (default m - 2, the paper's worst case;
+        with split_features whole sample blocks, a multiple of cols, default every block but the victim's).
     proxy: attack trials: the model the adversary holds, "colluder" (default) or "mean" (see the module docstring).
     confined: false = federated SGD with secure aggregation over the same clients (one shared model, observed).
     vertical: utility runs with feature blocks (cols > 1): the reading of Algorithm 2, "vfl" (default: a sample
