@@ -181,11 +181,13 @@ def tables(results: list[dict]) -> list[str]:
     parts = sorted({(_part(r), _reading(r), _samples(r)) for r in results if r["mode"] == "cgd"},
                    key=lambda t: (int(t[0].split("x")[1]), int(t[0].split("x")[0]), t[1] != "vfl", -(t[2] or 0)))  # fmt: skip
     dks = ["0.1", "0.01", "random"]
+    ran = {delta_key(r["params"]) for r in results if r["mode"] == "cgd"}  # a delta the suite did not run says so
     out += [f"Table 7 (worst confined model's accuracy by delta, gap to its centralized run in points; random: each "
             f"participant's delta ~ U[0.001, 0.1]). The gap at delta 0.1 is the confinement itself: every confined "
             f"model moves by the same public steps, so w^l_k - w^j_k stays at its initial value, delta times a "
             f"N(0, 1) draw; it shrinks with delta. {note}", "",
-            "| m | reading | samples | " + " | ".join(f"delta {d}" for d in dks) + " | " + " | ".join(f"paper {d}" for d in dks) + " |",
+            "| m | reading | samples | " + " | ".join(f"delta {d}" + ("" if d in ran else " (not run)") for d in dks)
+            + " | " + " | ".join(f"paper {d}" for d in dks) + " |",
             "| --- " * (3 + 2 * len(dks)) + "|"]  # fmt: skip
     out.append("| paper centralized | | | " + " | " * (len(dks) - 1) + " | " + " | ".join(_cell(PAPER["centralized"].get(d)) for d in dks) + " |")
     for p, reading, n in parts:
