@@ -212,30 +212,41 @@ def _image_ds(n, seed):
     return ImageDataset("toy", x, y, tuple("abcd"), torch.tensor([0.5]), torch.tensor([0.3]))
 
 
-@pytest.mark.parametrize("secure_sum", ["float", "protocol"])
-def test_cgd_per_participant_rounds_equal_the_vectorised_engine(secure_sum):
+def _rounds_and_engine(partition: str, secure_sum: str):
+    """The same CGD utility run twice, on a toy set: through run_rounds (train_per_participant's models) and by the
+    vectorised engine stepped as the plugin steps it. Returns (the rounds' models, the engine, the partition)."""
     from gleak.config import derive_seed
     from gleak.defenses.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout, step_size
     from gleak.protocols.cgd import _subset, train_per_participant
 
     train_ds = _image_ds(30, 0)
     cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [5]}, training_rounds=4, server_lr=0.5, seed=3)
-    cgd = gleak.create("protocol", "cgd", partition="3x1", delta=0.1, delta_high=0.3, secure_sum=secure_sum)
+    cgd = gleak.create("protocol", "cgd", partition=partition, delta=0.1, delta_high=0.3, secure_sum=secure_sum)
     ours = train_per_participant(cgd, cfg, train_ds, train_ds, dtype=torch.float64, models_only=True)
     seed = derive_seed(cfg.seed, "cgd")
     x, y = _subset(train_ds, None, cfg.seed, "pixels")
-    part = Partition(3, 1)
-    net = ConfinedMLP(make_layout(x.double(), y, part), [36, 5, 4], init_deltas(3, 0.1, 0.3, seed), seed,
+    part = Partition.parse(partition)
+    net = ConfinedMLP(make_layout(x.double(), y, part), [36, 5, 4], init_deltas(part.m, 0.1, 0.3, seed), seed,
                       secure_sum=secure_sum, dtype=torch.float64)  # fmt: skip
     for k in range(1, cfg.training_rounds + 1):
         net.step(step_size(k, cfg.server_step))
+    return ours, net, part
+
+
+def _same_model(module: torch.nn.Module, theirs: list[torch.Tensor], tol: float, where: int) -> None:
+    linears = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    for r, lin in enumerate(linears):
+        assert torch.allclose(lin.weight.T, theirs[2 * r], atol=tol, rtol=0), (where, r)
+        assert torch.allclose(lin.bias, theirs[2 * r + 1], atol=tol, rtol=0), (where, r)
+
+
+@pytest.mark.parametrize("secure_sum", ["float", "protocol"])
+def test_cgd_per_participant_rounds_equal_the_vectorised_engine(secure_sum):
+    ours, net, _ = _rounds_and_engine("3x1", secure_sum)
     moved = 0.0
     for l, model in enumerate(ours):
-        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         theirs = net.participant_params(l)
-        for r, lin in enumerate(linears):
-            assert torch.allclose(lin.weight.T, theirs[2 * r], atol=1e-9, rtol=0), (l, r)
-            assert torch.allclose(lin.bias, theirs[2 * r + 1], atol=1e-9, rtol=0), (l, r)
+        _same_model(model, theirs, 1e-9, l)
         moved = max(moved, float((net._init(l)[0] - theirs[0]).abs().max()))
     assert moved > 1e-3  # the rounds stepped the models (a loop that never steps would also "agree")
 
@@ -245,30 +256,13 @@ def test_cgd_vertical_block_rounds_equal_the_vectorised_engines_vfl_reading(secu
     """Sample blocks as clients of run_rounds (protocols/cgd_vertical.py) train the engine's vfl models: every
     participant's model (its block's first layer on all features, its own upper layers). The fixed-point wire
     rounds the block's bias in one partial rather than per participant (a named deviation): 2^-17 per entry."""
-    from gleak.config import derive_seed
-    from gleak.defenses.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout, step_size
-    from gleak.protocols.cgd import _subset, train_per_participant
-
-    train_ds = _image_ds(30, 0)
-    cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [5]}, training_rounds=4, server_lr=0.5, seed=3)
-    cgd = gleak.create("protocol", "cgd", partition="3x4", delta=0.1, delta_high=0.3, secure_sum=secure_sum)
-    ours = train_per_participant(cgd, cfg, train_ds, train_ds, dtype=torch.float64, models_only=True)
-    seed = derive_seed(cfg.seed, "cgd")
-    x, y = _subset(train_ds, None, cfg.seed, "pixels")
-    part = Partition(3, 4)
-    net = ConfinedMLP(make_layout(x.double(), y, part), [36, 5, 4], init_deltas(part.m, 0.1, 0.3, seed), seed,
-                      secure_sum=secure_sum, dtype=torch.float64)  # fmt: skip
-    for k in range(1, cfg.training_rounds + 1):
-        net.step(step_size(k, cfg.server_step))
+    ours, net, part = _rounds_and_engine("3x4", secure_sum)
     moved = 0.0
     for i, block in enumerate(ours):
         for j, member in enumerate(block.members):
             l = j * part.rows + i
-            linears = [m for m in member.modules() if isinstance(m, torch.nn.Linear)]
             theirs = net.model_params(l)
-            for r, lin in enumerate(linears):
-                assert torch.allclose(lin.weight.T, theirs[2 * r], atol=tol, rtol=0), (l, r)
-                assert torch.allclose(lin.bias, theirs[2 * r + 1], atol=tol, rtol=0), (l, r)
+            _same_model(member, theirs, tol, l)
             moved = max(moved, float((net._init(l)[2] - theirs[2]).abs().max()))
     assert moved > 1e-3  # the rounds stepped the models
 
