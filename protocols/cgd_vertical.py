@@ -116,23 +116,18 @@ def block_update(block: VerticalBlock, batch: ClientBatch, secure_sum: str = "pr
             z = (fp.to_integers(partials, cols).sum(0) / fp.scale).to(x.dtype)
     grad_w = torch.zeros_like(first.weight)
     grad_b = torch.zeros_like(first.bias)
-    upper: dict[str, torch.Tensor] = {}
+    names = [n for n, _ in block.members[0].named_parameters()]  # the MLP's layout, first layer included
+    upper = {n: torch.zeros_like(p) for n, p in block.members[0].named_parameters() if not n.startswith(block.first_name + ".")}
     for j, (lo, hi) in enumerate(block.features):
-        top = block.upper(j)
+        own = dict(block.members[j].named_parameters())  # upper(j) computes with these very parameters
         zj = z.detach().requires_grad_(True)
-        params = [(n, p) for n, p in top.named_parameters()]
-        grads = torch.autograd.grad(F.cross_entropy(top(zj), batch.y), [zj, *[p for _, p in params]])
+        grads = torch.autograd.grad(F.cross_entropy(block.upper(j)(zj), batch.y), [zj, *[own[n] for n in upper]])
         dz = grads[0]
         grad_w[:, lo:hi] = dz.T @ x[:, lo:hi]  # its own features, its own loss
         grad_b += dz.sum(0) / cols
-        for (n, _), g in zip(params, grads[1:]):
-            upper[n] = upper.get(n, 0) + g / cols
-    names = [n for n, _ in block.members[0].named_parameters()]
-    tensors = {f"{block.first_name}.weight": grad_w, f"{block.first_name}.bias": grad_b}
-    for n in names:
-        if not n.startswith(block.first_name + "."):
-            idx, rest = n.split(".", 1)
-            tensors[n] = upper[f"{int(idx) - block._split}.{rest}"]
+        for n, g in zip(upper, grads[1:]):
+            upper[n] += g / cols
+    tensors = {f"{block.first_name}.weight": grad_w, f"{block.first_name}.bias": grad_b, **upper}
     tensors = {n: tensors[n].detach() for n in names}  # the member's own parameter order
     return Update(tensors, "gradient", batch.size, {"preactivations": z.detach()})
 
