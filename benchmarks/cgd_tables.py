@@ -185,7 +185,7 @@ def tables(results: list[dict]) -> list[str]:
     out += [f"Table 7 (worst confined model's accuracy by delta, gap to its centralized run in points; random: each "
             f"participant's delta ~ U[0.001, 0.1]). The gap at delta 0.1 is the confinement itself: every confined "
             f"model moves by the same public steps, so w^l_k - w^j_k stays at its initial value, delta times a "
-            f"N(0, 1) draw; it shrinks with delta. {note}", "",
+            f"draw of the init law (init_law; by default N(0, 1) truncated to [-1, 1]); it shrinks with delta. {note}", "",
             "| m | reading | samples | " + " | ".join(f"delta {d}" + ("" if d in ran else " (not run)") for d in dks)
             + " | " + " | ".join(f"paper {d}" for d in dks) + " |",
             "| --- " * (3 + 2 * len(dks)) + "|"]  # fmt: skip

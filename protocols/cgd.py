@@ -4,7 +4,8 @@ with the vectorised engine (defenses/cgd_training.py), the fast path of the same
 
 Attack trials (gleak.trial): the case's clients are the m participants (the victim is client 0), each holding its
 batch as its whole local data set (horizontal, Algorithm 1). Each participant computes its gradient at its own
-confined model w^l_1 = delta^l N(0, 1); the gradients are summed by additive secret sharing over Z_2^32
+confined model w^l_1 = delta^l Rand^l (equation 11; Rand^l is N(0, 1) truncated to [-1, 1] by default, `init_law`);
+the gradients are summed by additive secret sharing over Z_2^32
 (gleak.secret_sharing, the share protocol itself); every participant steps its own model with alpha_k times the sum
 (`server_step`: CGD's own public schedule, not the case's server step). Warm-up rounds (case warmup_rounds > 0) are CGD
 rounds too, on fresh batches, from the same confined models. An active attack is refused (UnsupportedCase): the
@@ -54,7 +55,7 @@ is its share of the secure sums in the plain MLP's layout, and the observer's vi
 were computed at), which attacks/preactivation_inversion.py solves. Colluders are then whole sample blocks other than
 the victim's (default all of them, t = m - cols); the proxy model is one participant's model of a colluding block.
 
-Defaults: delta = 0.1 (MNIST), one delta for all (delta_high sets the range of per-participant draws, e.g. delta =
+Defaults: delta = 0.1 (MNIST), init_law = "interval" (every initial weight in [-delta, delta]), one delta for all (delta_high sets the range of per-participant draws, e.g. delta =
 0.001 with delta_high = 0.1), mu = 0 (fixed alpha, section 7.1), 24 fractional bits. Known deviations: the paper's
 CIFAR-10 head and MNIST are not used here (Fashion-MNIST is, the offline default); `secure_sum = "float"` trades the
 fixed-point rounding for speed and is named in the results where used.
@@ -79,7 +80,7 @@ from gleak.secret_sharing import FixedPoint, secure_sum, sum_encoded
 from gleak.threat import ClientBatch, Update
 
 from gleak.defenses.cgd_training import (
-    VERTICAL_READINGS, Partition, blocks, init_deltas, participant_init, step_size, train,
+    INIT_LAWS, VERTICAL_READINGS, Partition, blocks, init_deltas, init_unit, participant_init, step_size, train,
 )
 from gleak.protocols.cgd_vertical import VerticalBlock, block_update, draw_block, initial_blocks, step_block, zero_block
 
@@ -92,12 +93,12 @@ ALGORITHM2_READINGS = {
 }
 
 
-def _redraw(module: nn.Module, delta: float, rng: torch.Generator) -> nn.Module:
-    """A copy of `module` with every parameter drawn delta * N(0, 1) (equation 11)."""
+def _redraw(module: nn.Module, delta: float, rng: torch.Generator, law: str) -> nn.Module:
+    """A copy of `module` with every parameter drawn delta * Rand (equation 11; Rand of cgd_training.init_unit)."""
     out = copy.deepcopy(module)
     with torch.no_grad():
         for p in out.parameters():
-            p.copy_(torch.randn(p.shape, generator=rng, dtype=torch.float64).to(p.dtype) * delta)
+            p.copy_(init_unit(p.shape, rng, law).to(p.dtype) * delta)
     return out
 
 
@@ -106,7 +107,8 @@ class _ConfinedTraining(Protocol):
 
     _mode: str = "cgd"
 
-    def _check_common(self, partition, delta, delta_high, frac_bits, train_samples, eval_participants, inputs):
+    def _check_common(self, partition, delta, delta_high, frac_bits, train_samples, eval_participants, inputs, init_law):
+        check_choice("init_law", init_law, INIT_LAWS)
         Partition.parse(partition)
         check_choice("inputs", inputs, ("pixels", "standardized"))
         if not delta > 0:
@@ -122,7 +124,7 @@ class _ConfinedTraining(Protocol):
     # The parameters that shape a utility run (the others concern attack trials only).
     _utility_params = ("partition", "delta", "delta_high", "mu", "normalize_schedule", "grad_scale", "secure_sum",
                        "frac_bits", "train_samples", "eval_participants", "inputs", "confined", "vertical",
-                       "utility_seed")  # fmt: skip
+                       "utility_seed", "init_law")  # fmt: skip
 
     @classmethod
     def identity_params(cls, params: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +176,7 @@ class _ConfinedTraining(Protocol):
         common = dict(
             sizes=sizes, iterations=config.training_rounds, alpha=config.server_step, mu=self.mu, normalize_schedule=self.normalize_schedule,
             delta=self.delta, delta_high=self.delta_high, grad_scale=self.grad_scale, frac_bits=self.frac_bits,
-            seed=derive_seed(seed, "cgd"), progress=True,
+            seed=derive_seed(seed, "cgd"), progress=True, init_law=self.init_law,
         )  # fmt: skip
         base = _centralized(x, y, x_test, y_test, common)
         if not getattr(self, "confined", True):
@@ -262,7 +264,7 @@ def train_per_participant(
     seed = derive_seed(config.seed, "cgd")
     if vertical:  # one client per sample block (protocols/cgd_vertical.py)
         deltas = init_deltas(part.m, proto.delta, proto.delta_high, seed)
-        models, batches = initial_blocks(part, deltas, x, y, sizes, seed, dtype)
+        models, batches = initial_blocks(part, deltas, x, y, sizes, seed, dtype, proto.init_law)
     else:
         models, batches = initial_participants(proto, x, y, sizes, seed, dtype)
     defenses = [create("defense", defense[0], **defense[1]) for _ in models]
@@ -307,7 +309,7 @@ def initial_participants(
     models, batches = [], []
     zero = torch.zeros(1)
     for l, (lo, hi) in enumerate(blocks(len(y), part.rows)):
-        params = participant_init(l, sizes[0], sizes[0], sizes, float(deltas[l]), seed, torch.float64)
+        params = participant_init(l, sizes[0], sizes[0], sizes, float(deltas[l]), seed, torch.float64, proto.init_law)
         model = create_model("mlp", (sizes[0],), sizes[-1], hidden=sizes[1:-1], dtype=dtype)
         linears = [mod for mod in model.modules() if isinstance(mod, nn.Linear)]
         with torch.no_grad():
@@ -328,7 +330,10 @@ class CGD(_ConfinedTraining):
     partition: utility runs: "rows x cols" participants, rows sample blocks by cols feature blocks ("10x1" is
         Algorithm 1 with 10 participants, "10x7" Algorithm 2). Attack trials take the sample blocks from the case
         (clients, batch_size) and run Algorithm 1, or Algorithm 2 on the partition's cols with split_features.
-    delta: init scale delta of w_1 = delta N(0, 1) (default 0.1, the paper's MNIST setting).
+    delta: init scale delta of w_1 = delta Rand (default 0.1, the paper's MNIST setting).
+    init_law: Rand, the unit init law (an ambiguity of the paper, cgd_training.init_unit): "interval" (default:
+        w_1 ~ N[-delta, delta] read as N(0, 1) truncated to [-1, 1], every initial weight in [-delta, delta]) or
+        "gaussian" (equation 11 with N(0, 1) untruncated; the only law before this parameter existed).
     delta_high: when set, each participant draws its own delta uniformly from [delta, delta_high] (Table 7 "Random").
     mu, normalize_schedule: step schedule alpha_k (see cgd_training.step_size): mu = 0 is a fixed alpha.
     grad_scale: "data" (default) or "local" (equation 5); see cgd_training.
@@ -378,8 +383,10 @@ class CGD(_ConfinedTraining):
         vertical: Literal["vfl", "literal"] = "vfl",
         utility_seed: int | None = None,
         split_features: bool = False,
+        init_law: Literal["interval", "gaussian"] = "interval",
     ):
-        self._check_common(partition, delta, delta_high, frac_bits, train_samples, eval_participants, inputs)
+        self._check_common(partition, delta, delta_high, frac_bits, train_samples, eval_participants, inputs, init_law)
+        self.init_law = init_law
         if mu < 0:
             raise ValueError(f"mu must be >= 0, got {mu}")
         check_choice("grad_scale", grad_scale, ("data", "local"))
@@ -441,11 +448,11 @@ class CGD(_ConfinedTraining):
         if self._cols() > 1:
             return self._vertical_models(model, clients, rng)
         if self.confined:
-            self._models = [_redraw(model, self._delta(rng), rng) for _ in range(clients)]
+            self._models = [_redraw(model, self._delta(rng), rng, self.init_law) for _ in range(clients)]
         else:
-            self._models = [_redraw(model, self._delta(rng), rng)] * clients
-        own = _redraw(model, self._delta(rng), rng)  # the adversary's own draw from the init law (proxy when t = 0)
-        mean = _redraw(model, 0.0, rng)  # the init law's mean, zero
+            self._models = [_redraw(model, self._delta(rng), rng, self.init_law)] * clients
+        own = _redraw(model, self._delta(rng), rng, self.init_law)  # the adversary's own draw (proxy when t = 0)
+        mean = _redraw(model, 0.0, rng, self.init_law)  # the init law's mean, zero
         self._extra = [own, mean]
         return list(self._models)
 
@@ -463,8 +470,9 @@ class CGD(_ConfinedTraining):
         if cols > d:
             raise UnsupportedCase(f"{cols} feature blocks of {d} input features")
         feats = blocks(d, cols)
-        self._models = [draw_block(model, feats, [self._delta(rng) for _ in feats], rng) for _ in range(clients)]
-        self._extra = [draw_block(model, feats, [self._delta(rng) for _ in feats], rng), zero_block(model, feats)]
+        law = self.init_law
+        self._models = [draw_block(model, feats, [self._delta(rng) for _ in feats], rng, law) for _ in range(clients)]
+        self._extra = [draw_block(model, feats, [self._delta(rng) for _ in feats], rng, law), zero_block(model, feats)]
         self._offset = (torch.zeros_like(found[1].weight.detach()), torch.zeros_like(found[1].bias.detach()))
         return list(self._models)
 
@@ -578,8 +586,10 @@ class LocalTraining(_ConfinedTraining):
         eval_participants: int = 100,
         inputs: Literal["pixels", "standardized"] = "pixels",
         utility_seed: int | None = None,
+        init_law: Literal["interval", "gaussian"] = "interval",
     ):
-        self._check_common(partition, delta, delta_high, 24, train_samples, eval_participants, inputs)
+        self._check_common(partition, delta, delta_high, 24, train_samples, eval_participants, inputs, init_law)
+        self.init_law = init_law
         if utility_seed is not None and utility_seed < 0:
             raise ValueError(f"utility_seed must be >= 0, got {utility_seed}")
         self.utility_seed = utility_seed

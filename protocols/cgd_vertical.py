@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gleak.defenses.cgd_training import PREACT_FRAC_BITS, blocks, participant_init
+from gleak.defenses.cgd_training import PREACT_FRAC_BITS, blocks, init_unit, participant_init
 from gleak.models import create_model, first_linear
 from gleak.secret_sharing import FixedPoint
 from gleak.threat import ClientBatch, Update
@@ -69,15 +69,18 @@ class VerticalBlock(nn.Module):
         return self.members[0](x)
 
 
-def draw_block(template: nn.Sequential, features: list[tuple[int, int]], deltas: list[float], rng: torch.Generator) -> VerticalBlock:
+def draw_block(
+    template: nn.Sequential, features: list[tuple[int, int]], deltas: list[float], rng: torch.Generator, law: str,
+) -> VerticalBlock:  # fmt: skip
     """A block of len(features) participants, each drawing its first-layer block (its own features' columns), its
-    bias and its upper layers delta N(0, 1) from `rng`, in participant order (equation 11)."""
+    bias and its upper layers delta * Rand from `rng` (cgd_training.init_unit's `law`), in participant order
+    (equation 11)."""
     members = []
     for delta in deltas:
         m = copy.deepcopy(template)
         with torch.no_grad():
             for p in m.parameters():
-                p.copy_(torch.randn(p.shape, generator=rng, dtype=torch.float64).to(p.dtype) * delta)
+                p.copy_(init_unit(p.shape, rng, law).to(p.dtype) * delta)
         members.append(m)
     first_name = first_linear(template)[0]
     first = copy.deepcopy(members[0]._modules[first_name])
@@ -148,6 +151,7 @@ def step_block(block: VerticalBlock, total: Update, a: float) -> VerticalBlock:
 
 def initial_blocks(
     partition, deltas_of, x: torch.Tensor, y: torch.Tensor, sizes: list[int], seed: int, dtype: torch.dtype,
+    law: str = "interval",
 ) -> tuple[list[VerticalBlock], list[ClientBatch]]:  # fmt: skip
     """The rows sample blocks of a vertical partition from the engine's initial models (participant l = j * rows + i,
     cgd_training.participant_init with its own delta from `deltas_of`, a cgd_training.init_deltas tensor) and their
@@ -162,7 +166,7 @@ def initial_blocks(
         members = []
         for j, (flo, fhi) in enumerate(feats):
             l = j * rows + i
-            params = participant_init(l, fhi - flo, fhi - flo, sizes, float(deltas_of[l]), seed, torch.float64)
+            params = participant_init(l, fhi - flo, fhi - flo, sizes, float(deltas_of[l]), seed, torch.float64, law)
             m = copy.deepcopy(template)
             with torch.no_grad():
                 for r, idx in enumerate(linears):

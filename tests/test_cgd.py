@@ -122,11 +122,42 @@ def test_a_cgd_step_moves_every_model_by_exactly_the_public_step_times_the_secur
             torch.testing.assert_close(got - was.detach(), -alpha * s, rtol=0, atol=alpha * part.m * 2.0**-24)
 
 
+@pytest.mark.parametrize("law", ["interval", "gaussian"])
+def test_the_init_law_is_stored_by_name_and_every_initial_weight_follows_it(law):
+    """init_law enters every stored form (the default changed: a row without it computed "gaussian", so no stored
+    form may drop it), and the engine's, the per-participant path's and the attack trials' draws follow it."""
+    from gleak.defenses.cgd_training import participant_init
+    from gleak.models import create_model
+    from gleak.registry import check_params
+
+    for name in ("cgd", "local-training"):
+        stored = check_params("defense", name, {"partition": "10x1", "init_law": law})
+        assert stored["init_law"] == law and create("defense", name, **stored).init_law == law
+    assert check_params("defense", "cgd", {})["init_law"] == "interval"
+    delta = 0.1
+    engine = torch.cat([t.flatten() for t in participant_init(3, 784, 784, [784, 64, 10], delta, 7, torch.float64, law)])
+    proto = create("defense", "cgd", init_law=law, delta=delta)
+    model = create_model("mlp", (784,), 10, hidden=[64], dtype=torch.float64)
+    drawn = proto.client_models(model, 4, torch.Generator().manual_seed(0))
+    attack = torch.cat([p.detach().flatten() for m in drawn for p in m.parameters()])
+    split = create("defense", "cgd", init_law=law, delta=delta, partition="1x2", split_features=True)
+    blocks_ = split.client_models(model, 4, torch.Generator().manual_seed(0))
+    # (a block's first-layer bias is the sum of its members' biases: every other parameter is one member's draw)
+    vertical = torch.cat([p.detach().flatten() for b in blocks_ for m in b.members for name, p in m.named_parameters()
+                          if name != "1.bias"])  # fmt: skip
+    for w in (engine, attack, vertical):
+        inside = float(w.abs().max()) <= delta
+        assert inside == (law == "interval")  # 50,000 N(0, 1) draws all inside [-1, 1]: p < 1e-3000
+        # the truncated law's std is 0.54 delta, the untruncated one's delta
+        assert abs(float(w.std()) / delta - (0.538 if law == "interval" else 1.0)) < 0.02
+
+
 def test_vertical_reading_enters_ids_only_where_it_changes_what_is_computed():
     from gleak.registry import check_params
 
     old_keys = {"alpha", "colluders", "confined", "delta", "delta_high", "eval_participants", "frac_bits", "grad_scale",
-                "inputs", "iterations", "mu", "normalize_schedule", "partition", "proxy", "secure_sum", "train_samples"}  # fmt: skip
+                "inputs", "iterations", "mu", "normalize_schedule", "partition", "proxy", "secure_sum", "train_samples",
+                "init_law"}  # fmt: skip
     # Horizontal partitions (every attack trial's case) hash as before the parameter: the readings coincide there.
     assert set(check_params("defense", "cgd", {"partition": "10x1"})) == old_keys
     assert set(check_params("defense", "cgd", {"partition": "10x1", "vertical": "literal"})) == old_keys
