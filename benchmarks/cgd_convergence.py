@@ -4,7 +4,7 @@ same samples (same init law and schedule): does the gap of the cgd suite's Table
     python benchmarks/cgd_convergence.py --seed 1 --iterations 1200 --every 100 --partitions 1x1,10x1,10x7
 
 Each partition trains once on the cgd suite's (10x1) training set (6,000 Fashion-MNIST images of a seeded shuffle,
-pixels in [0, 1], delta 0.1, alpha 0.5, the utility_seed's order and inits, exactly as the cgd plugin's utility
+pixels in [0, 1], delta 0.1, alpha 0.5, init_law "interval" (--init-law), the utility_seed's order and inits, exactly as the cgd plugin's utility
 runs), and every participant's model is evaluated on the 10,000 test images every --every iterations. "1x1" is the
 centralized run. One torch thread. Prints one line per evaluation and a JSON summary at the end.
 """
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gleak.config import derive_seed  # noqa: E402
 from gleak.data import load_dataset  # noqa: E402
-from gleak.defenses.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout  # noqa: E402
+from gleak.defenses.cgd_training import INIT_LAWS, ConfinedMLP, Partition, init_deltas, make_layout  # noqa: E402
 from gleak.protocols.cgd import _features, _subset  # noqa: E402
 
 
@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("--delta", type=float, default=0.1)
     ap.add_argument("--samples", type=int, default=6000)
     ap.add_argument("--partitions", default="1x1,10x1,10x7")
+    ap.add_argument("--init-law", default="interval", choices=INIT_LAWS, help="the cgd plugin's init_law")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tr, te = load_dataset("fashion-mnist", "train"), load_dataset("fashion-mnist", "test")
@@ -46,7 +47,7 @@ def main() -> int:
         p = Partition.parse(part)
         ss = "float" if p.m == 1 else "protocol"  # as the plugin: centralized sums nothing
         net = ConfinedMLP(make_layout(x, y, p), [x.shape[1], 256, 10], init_deltas(p.m, args.delta, None, seed), seed,
-                          mode="cgd", secure_sum=ss)  # fmt: skip
+                          mode="cgd", secure_sum=ss, init_law=args.init_law)  # fmt: skip
         who, t0, curve = torch.arange(p.m), time.time(), []
         for k in range(1, args.iterations + 1):
             net.step(args.alpha)
@@ -56,7 +57,8 @@ def main() -> int:
                 print(f"({part}) seed {args.seed} T = {k}: worst {curve[-1][1]:.4f} mean {curve[-1][2]:.4f} "
                       f"({time.time() - t0:.0f} s)", flush=True)  # fmt: skip
         out[part] = curve
-    print(json.dumps({"seed": args.seed, "alpha": args.alpha, "delta": args.delta, "curves": out}))
+    print(json.dumps({"seed": args.seed, "alpha": args.alpha, "delta": args.delta, "init_law": args.init_law,
+                      "curves": out}))
     return 0
 
 
