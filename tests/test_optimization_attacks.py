@@ -34,8 +34,9 @@ def _lenet_observation(seed=0, batch_size=1, labels=False):
 
 # ---- DLG -----------------------------------------------------------------------------------------------------------
 def test_dlg_recovers_an_untrained_lenet_image_and_idlg_labels_do_no_worse():
-    soft = execute(TrialConfig("t", "dlg", {"iterations": 20}, "none", {}, LENET16, 0))
-    idlg = execute(TrialConfig("t", "dlg", {"iterations": 20, "labels": "idlg"}, "none", {}, LENET16, 0))
+    # 12 L-BFGS iterations (measured: 45.5 dB soft, 48.1 dB iDLG, about 22 s each; 20 took 37 s each and tested nothing more)
+    soft = execute(TrialConfig("t", "dlg", {"iterations": 12}, "none", {}, LENET16, 0))
+    idlg = execute(TrialConfig("t", "dlg", {"iterations": 12, "labels": "idlg"}, "none", {}, LENET16, 0))
     assert soft["psnr"] > 25, soft
     assert soft["label_acc"] == 1.0 and idlg["label_acc"] == 1.0
     # At least as good: equal up to float32 noise once both sit at the precision floor (~75 dB).
