@@ -55,10 +55,11 @@ is its share of the secure sums in the plain MLP's layout, and the observer's vi
 were computed at), which attacks/preactivation_inversion.py solves. Colluders are then whole sample blocks other than
 the victim's (default all of them, t = m - cols); the proxy model is one participant's model of a colluding block.
 
-Defaults: delta = 0.1 (MNIST), init_law = "interval" (every initial weight in [-delta, delta]), one delta for all (delta_high sets the range of per-participant draws, e.g. delta =
-0.001 with delta_high = 0.1), mu = 0 (fixed alpha, section 7.1), 24 fractional bits. Known deviations: the paper's
-CIFAR-10 head and MNIST are not used here (Fashion-MNIST is, the offline default); `secure_sum = "float"` trades the
-fixed-point rounding for speed and is named in the results where used.
+Defaults: delta = 0.1 (MNIST), init_law = "interval" (every initial weight in [-delta, delta]), one delta for all
+(delta_high sets the range of per-participant draws, e.g. delta = 0.001 with delta_high = 0.1), mu = 0 (fixed alpha,
+section 7.1), 24 fractional bits. Known deviations: the paper's CIFAR-10 head and MNIST are not used here
+(Fashion-MNIST is, the offline default); `secure_sum = "float"` trades the fixed-point rounding for speed and is
+named in the results where used.
 """
 from __future__ import annotations
 

@@ -125,7 +125,8 @@ def test_a_cgd_step_moves_every_model_by_exactly_the_public_step_times_the_secur
 @pytest.mark.parametrize("law", ["interval", "gaussian"])
 def test_the_init_law_is_stored_by_name_and_every_initial_weight_follows_it(law):
     """init_law enters every stored form (the default changed: a row without it computed "gaussian", so no stored
-    form may drop it), and the engine's, the per-participant path's and the attack trials' draws follow it."""
+    form may drop it), and the engine's and the attack trials' draws follow it (the per-participant path draws the
+    engine's inits: the engine-equality tests of tests/test_protocols.py hold it to the same law)."""
     from gleak.defenses.cgd_training import participant_init
     from gleak.models import create_model
     from gleak.registry import check_params
