@@ -1,4 +1,6 @@
-"""Base classes of the attack and defense plugin kinds (the third kind, Protocol, is in gleak.protocol).
+"""Base classes of the attack and defense plugin kinds (the third kind, Protocol, is in gleak.protocol), and the
+client's loss and gradient that a Defense computes by default (`loss_fn`, `batch_gradient`; gleak.protocol uses the
+same functions for every client update).
 
 Parameters are stored as given (scikit-learn style) and validated in ``__init__`` by the plugin itself, so that
 a suite is checked completely before any trial runs. All randomness comes from the generator passed in.
@@ -9,10 +11,27 @@ import inspect
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gleak.threat import Knowledge, Observation, Reconstruction, Update
 
+
+def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross entropy averaged over the batch: the loss every attack here assumes the client minimises."""
+    return F.cross_entropy(logits, y)
+
+
+def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def batch_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The gradient of the mean loss over (x, y), one tensor per trainable parameter (model untouched)."""
+    params = trainable(model)
+    loss = loss_fn(model(x), y)
+    grads = torch.autograd.grad(loss, [p for _, p in params])
+    return {n: g.detach() for (n, _), g in zip(params, grads)}
 
 
 def check_choice(name: str, value: Any, choices: Any) -> None:
@@ -23,6 +42,7 @@ def check_choice(name: str, value: Any, choices: Any) -> None:
         names = [repr(c) for c in choices]
         listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
         raise ValueError(f"{name} must be {listed}, got {value!r}")
+
 
 class Plugin:
     """Shared behaviour: `get_params`, a readable repr, and the registered name."""
@@ -136,8 +156,6 @@ class Defense(Plugin):
     def client_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator) -> dict[str, torch.Tensor]:
         """The client's gradient of its loss on (x, y) at the model's parameters, one tensor per trainable parameter
         (by name). Must not modify the model; randomness from `rng` (the client's own generator)."""
-        from gleak.protocol import batch_gradient  # protocol imports this module
-
         return batch_gradient(model, x, y)
 
     def epsilon(self, *, delta: float, sample_rate: float, steps: int) -> float | None:

@@ -13,34 +13,19 @@ all go through it, so a protocol's attack path and its training path cannot drif
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gleak.errors import NonFiniteUpdate
 from gleak.guards import unmodified
-from gleak.plugin import Defense, Plugin
+# loss_fn, trainable and batch_gradient live with the Defense base class (its default client gradient) and are
+# gleak.protocol's public names as well: attacks, defenses and tests import them from here.
+from gleak.plugin import Defense, Plugin, batch_gradient, loss_fn, trainable  # noqa: F401
 from gleak.threat import ClientBatch, Update
-
-
-def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cross entropy averaged over the batch: the loss every attack here assumes the client minimises."""
-    return F.cross_entropy(logits, y)
-
-
-def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-def batch_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The gradient of the mean loss over (x, y), one tensor per trainable parameter (model untouched)."""
-    params = trainable(model)
-    loss = loss_fn(model(x), y)
-    grads = torch.autograd.grad(loss, [p for _, p in params])
-    return {n: g.detach() for (n, _), g in zip(params, grads)}
 
 
 def _gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, defense: Defense | None, rng: torch.Generator | None):
@@ -176,9 +161,7 @@ class Protocol(Plugin):
     ) -> dict[str, Any]:  # fmt: skip
         """Train under this protocol with `defense` (name, params) on every client, given a UtilityConfig and the
         train/test ImageDatasets; return at least {"accuracy": float}. Default: federated training through
-        `run_rounds` (gleak.utility.federated_training)."""
-        from gleak.utility import federated_training  # utility builds on this module
-
+        `run_rounds` (`federated_training`)."""
         return federated_training(config, self, defense, train, test, on_round)
 
 
@@ -240,6 +223,71 @@ def run_rounds(
         if on_round is not None:
             on_round(r, models)
     return models, seen
+
+
+# ---- utility training: the default `train_utility` -----------------------------------------------------------
+CURVE_POINTS = 10  # test accuracy is also recorded at this many evenly spaced rounds (the learning curve in `extra`)
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 4096) -> float:
+    was = model.training
+    model.eval()
+    right = sum(int((model(x[i : i + chunk]).argmax(1) == y[i : i + chunk]).sum()) for i in range(0, len(y), chunk))
+    model.train(was)
+    return right / len(y)
+
+
+def federated_training(
+    cfg: Any, protocol: Protocol, defense: tuple[str, dict[str, Any]], train: Any, test: Any,
+    on_round: Callable[[], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Train under `protocol` with `defense` (name, params) on every client's update for cfg.training_rounds rounds through
+    run_rounds; {"accuracy", "curve"}. The loop of a utility run (gleak.utility), described there."""
+    from gleak import device as devices
+    from gleak.config import derive_seed, generator
+    from gleak.data import client_shards
+    from gleak.models import create_model
+    from gleak.registry import create
+
+    dtype = torch.float32
+    model = create_model(cfg.model, train.input_shape, train.num_classes, seed=derive_seed(cfg.seed, "utility-model"),
+                         dtype=dtype, **cfg.model_params)  # fmt: skip
+    defenses: list[Defense] = [create("defense", defense[0], **defense[1]) for _ in range(cfg.clients)]
+    for d in defenses:
+        d.reset()
+        d.bind_data(train.mean, train.std)
+    model = devices.to_device(defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model")))  # PRECODE's
+    # The data travels to the run's device once (gleak.device.use; loaded on the CPU); the clients' index draws stay
+    # on the CPU, which indexes either device's tensors.
+    x, y = devices.to_device(train.normalized().to(dtype)), devices.to_device(train.y)
+    xt, yt = devices.to_device(test.normalized().to(dtype)), devices.to_device(test.y)
+    parts = client_shards(train.y, cfg.clients, generator(cfg.seed, "utility-shards"), cfg.dirichlet_alpha, cfg.batch_size * cfg.local_steps)
+    data_rng = generator(cfg.seed, "utility-data")  # the same stream for every defense: paired comparison
+    defense_rng = generator(cfg.seed, "utility-defense")
+    client_rngs = [generator(cfg.seed, f"utility-client/{i}") for i in range(cfg.clients)]
+    per_round = cfg.batch_size * (cfg.local_steps if cfg.algorithm == "fedavg" else 1)
+    marks = {math.ceil(cfg.training_rounds * k / CURVE_POINTS) for k in range(1, CURVE_POINTS + 1)}
+    curve: list[list[float]] = []
+
+    def batches(r: int) -> list[ClientBatch]:
+        out = []
+        for part in parts:
+            idx = part[torch.randperm(len(part), generator=data_rng)[:per_round]]
+            out.append(ClientBatch(x[idx], y[idx], train.mean, train.std))
+        return out
+
+    def after(r: int, models: list[torch.nn.Module]) -> None:
+        if r + 1 in marks:
+            curve.append([r + 1, accuracy(models[0], xt, yt)])
+        if on_round is not None:
+            on_round()
+
+    protocol.reset()
+    models = protocol.client_models(model, cfg.clients, generator(cfg.seed, "utility-client-models"))
+    schedule = Schedule(batches, lambda r: client_rngs, lambda r: defense_rng)
+    run_rounds(protocol, defenses, models, cfg.training_rounds, schedule, protocol.utility_lr(cfg), observe=False, on_round=after)
+    return {"accuracy": curve[-1][1], "curve": curve}
 
 
 # ---- which protocol a trial runs ------------------------------------------------------------------------------

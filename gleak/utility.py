@@ -7,7 +7,7 @@
     clients = 10
     training_rounds = 1000      ("rounds", its first spelling, is accepted)
 
-The loop (`federated_training`): the train split is shuffled once and dealt into `clients` equal IID shards. Each
+The loop (`federated_training`, in gleak.protocol: the Protocol's default `train_utility`): the train split is shuffled once and dealt into `clients` equal IID shards. Each
 round every client draws its batch uniformly without replacement from its own shard (batch_size samples, or
 batch_size x local_steps for FedAvg), computes its update through its defense's `client_gradient` hook (FedSGD: one
 gradient; FedAvg: local_steps SGD steps at lr on consecutive mini-batches, sending w_before - w_after) and sends
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import sys
 import time
 import traceback
@@ -41,12 +40,10 @@ import torch
 
 from gleak import device as devices
 from gleak.config import UtilityConfig, derive_seed, generator
-from gleak.data import ImageDataset, client_shards, load_dataset
-from gleak.models import create_model
-from gleak.plugin import Defense
-from gleak.protocol import Protocol, Schedule, Setup, run_rounds
+from gleak.data import ImageDataset, load_dataset
+# The training loop is the Protocol's default `train_utility` (gleak.protocol); its names stay importable from here.
+from gleak.protocol import CURVE_POINTS, Protocol, Setup, accuracy, federated_training  # noqa: F401
 from gleak.registry import create, plugin_info
-from gleak.threat import ClientBatch
 
 # A run's protocol where a suite's case names one: (name, full params); None: the [utility] table's own algorithm.
 Protocolled = tuple[str, dict[str, Any]] | None
@@ -58,7 +55,6 @@ UTILITY_CSV_COLUMNS = [
     "defense", "defense_params", "dataset", "model", "accuracy", "baseline_accuracy", "epsilon", "seconds",
     "status", "error", "algorithm", "rounds", "clients", "utility_id", "extra",
 ]  # fmt: skip
-CURVE_POINTS = 10  # test accuracy is also recorded at this many evenly spaced rounds (the learning curve in `extra`)
 
 
 def _json(d: Any) -> str:
@@ -94,15 +90,6 @@ def shards(n: int, clients: int, seed: int) -> list[torch.Tensor]:
     return [perm[i * size : (i + 1) * size] for i in range(clients)]
 
 
-@torch.no_grad()
-def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 4096) -> float:
-    was = model.training
-    model.eval()
-    right = sum(int((model(x[i : i + chunk]).argmax(1) == y[i : i + chunk]).sum()) for i in range(0, len(y), chunk))
-    model.train(was)
-    return right / len(y)
-
-
 def utility_setup(cfg: UtilityConfig, defense: str, params: dict[str, Any], protocol: Protocolled = None) -> Setup:
     """The protocol and client defense of a utility run: the protocol the suite's case names (`protocol`), with the
     defense on every client; a protocol named as a defense ([[defense]] name = "cgd") with no transform; else fedavg
@@ -119,52 +106,6 @@ def utility_setup(cfg: UtilityConfig, defense: str, params: dict[str, Any], prot
     if cfg.algorithm == "fedavg":
         return Setup("fedavg", fedavg, defense, params)
     return Setup("fedsgd", {}, defense, params)
-
-
-def federated_training(
-    cfg: UtilityConfig, protocol: Protocol, defense: tuple[str, dict[str, Any]], train: ImageDataset,
-    test: ImageDataset, on_round: Callable[[], None] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Train under `protocol` with `defense` (name, params) on every client's update for cfg.training_rounds rounds through
-    run_rounds; {"accuracy", "curve"}."""
-    dtype = torch.float32
-    model = create_model(cfg.model, train.input_shape, train.num_classes, seed=derive_seed(cfg.seed, "utility-model"),
-                         dtype=dtype, **cfg.model_params)  # fmt: skip
-    defenses: list[Defense] = [create("defense", defense[0], **defense[1]) for _ in range(cfg.clients)]
-    for d in defenses:
-        d.reset()
-        d.bind_data(train.mean, train.std)
-    model = devices.to_device(defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model")))  # PRECODE's
-    # The data travels to the run's device once (gleak.device.use; loaded on the CPU); the clients' index draws stay
-    # on the CPU, which indexes either device's tensors.
-    x, y = devices.to_device(train.normalized().to(dtype)), devices.to_device(train.y)
-    xt, yt = devices.to_device(test.normalized().to(dtype)), devices.to_device(test.y)
-    parts = client_shards(train.y, cfg.clients, generator(cfg.seed, "utility-shards"), cfg.dirichlet_alpha, cfg.batch_size * cfg.local_steps)
-    data_rng = generator(cfg.seed, "utility-data")  # the same stream for every defense: paired comparison
-    defense_rng = generator(cfg.seed, "utility-defense")
-    client_rngs = [generator(cfg.seed, f"utility-client/{i}") for i in range(cfg.clients)]
-    per_round = cfg.batch_size * (cfg.local_steps if cfg.algorithm == "fedavg" else 1)
-    marks = {math.ceil(cfg.training_rounds * k / CURVE_POINTS) for k in range(1, CURVE_POINTS + 1)}
-    curve: list[list[float]] = []
-
-    def batches(r: int) -> list[ClientBatch]:
-        out = []
-        for part in parts:
-            idx = part[torch.randperm(len(part), generator=data_rng)[:per_round]]
-            out.append(ClientBatch(x[idx], y[idx], train.mean, train.std))
-        return out
-
-    def after(r: int, models: list[torch.nn.Module]) -> None:
-        if r + 1 in marks:
-            curve.append([r + 1, accuracy(models[0], xt, yt)])
-        if on_round is not None:
-            on_round()
-
-    protocol.reset()
-    models = protocol.client_models(model, cfg.clients, generator(cfg.seed, "utility-client-models"))
-    schedule = Schedule(batches, lambda r: client_rngs, lambda r: defense_rng)
-    run_rounds(protocol, defenses, models, cfg.training_rounds, schedule, protocol.utility_lr(cfg), observe=False, on_round=after)
-    return {"accuracy": curve[-1][1], "curve": curve}
 
 
 def _one_line(exc: BaseException) -> str:

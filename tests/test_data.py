@@ -218,7 +218,7 @@ def test_published_utility_ids_are_unchanged_by_the_new_utility_key():
 
 def test_utility_runs_train_on_dirichlet_shards_when_asked(tmp_path, utility_suite, monkeypatch):
     """[utility] dirichlet_alpha reaches the training loop's shards; a bad value is one line naming the key."""
-    from gleak import utility
+    from gleak import data, utility
     from gleak.suite import load_suite
 
     text = utility_suite.replace("clients = 2\n", "clients = 2\ndirichlet_alpha = 0.1\n")
@@ -226,14 +226,14 @@ def test_utility_runs_train_on_dirichlet_shards_when_asked(tmp_path, utility_sui
     cfg = load_suite(tmp_path / "s.toml").utility
     assert cfg.dirichlet_alpha == 0.1
     seen = []
-    real = utility.client_shards
+    real = data.client_shards  # the training loop (gleak.protocol.federated_training) deals the shards from here
 
     def spy(labels, clients, gen, alpha=None, min_size=1):
         shards = real(labels, clients, gen, alpha, min_size)
         seen.append((alpha, min_size, [len(s) for s in shards]))
         return shards
 
-    monkeypatch.setattr(utility, "client_shards", spy)
+    monkeypatch.setattr(data, "client_shards", spy)
     train, test = utility.load_utility_data(cfg)
     out = utility.federated_training(cfg, gleak.create("protocol", "fedsgd"), ("none", {}), train, test)
     assert 0 <= out["accuracy"] <= 1
