@@ -278,7 +278,7 @@ def run(
         raise InputError(f"gleak.run: workers must be a number >= 1 or 'auto', got {workers!r}")
     summary = run_suite(s, out, workers=workers, progress=progress, lpips_weights=lpips_weights, threads=threads,
                         executor=executor, plugin_files=tuple(str(Path(f).resolve()) for f in plugins), device=device)  # fmt: skip
-    from gleak.folder import write_reports
+    from gleak.report import write_folder_reports as write_reports
 
     write_reports(summary.out, s.name, s.description)  # as `gleak run` does once the run has stored everything
     return RunResult(summary.out, summary.total, summary.skipped, summary.ran, summary.failed, results(summary.out))

@@ -4,7 +4,7 @@ A suite's [[claim]] tables (validated by gleak.suite) each state what a paper sa
 attacks ("DGP stops analytic attacks", "int-8 defends DLG"): `expect = "defended"` (the claim holds where the
 strongest matching attack's verdict is defended) or `expect = "leaks"` (it holds where that verdict is partial or
 recovered). Each claim is judged per matching defense configuration, from the aggregated groups of the leaderboard
-(gleak.report.aggregate): the non-adaptive side is the strongest matching attack that ignores the defense, the
+(gleak.aggregate.aggregate): the non-adaptive side is the strongest matching attack that ignores the defense, the
 adaptive side the strongest one that knows it (`defense_aware = true`); "strongest" is the defense ranking's rule
 (highest median PSNR, ties to the lower median MSE). The verdict uses both sides: a claim that holds only because
 the attack ignored the defense is said to fall, with the adaptive attack's numbers.
@@ -24,7 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-EXPECT = ("defended", "leaks")
+from gleak.documents.cells import params_text
+
 LEAKING = ("partial", "recovered")
 
 
@@ -107,8 +108,6 @@ def _cell(r: Any) -> list[str]:
 
 def claim_blocks(claims: list[dict[str, Any]], agg: pd.DataFrame) -> list[tuple]:
     """The 'Published claims' section (report blocks), or nothing where the suite states no claim."""
-    from gleak.report import _params_text
-
     if not claims:
         return []
     rows, held, fell, unsure = [], 0, 0, 0
@@ -117,7 +116,7 @@ def claim_blocks(claims: list[dict[str, Any]], agg: pd.DataFrame) -> list[tuple]
             held += r["verdict"] == "holds"
             fell += r["verdict"] == "falls"
             unsure += r["verdict"] == "inconclusive"
-            rows.append([claim["source"], claim["claim"], claim["defense"], _params_text(r["defense_params"], "defense", claim["defense"]),
+            rows.append([claim["source"], claim["claim"], claim["defense"], params_text(r["defense_params"], "defense", claim["defense"]),
                          ", ".join(claim["attacks"]), claim["expect"], *_cell(r["plain"]), *_cell(r["adaptive"]),
                          f"{r['verdict']}: {r['why']}"])  # fmt: skip
     header = ["source", "claim", "defense", "params", "attacks", "expects", "attack (ignores the defense)", "PSNR",
@@ -137,8 +136,6 @@ def dp_bound_blocks(df: pd.DataFrame, agg: pd.DataFrame) -> list[tuple]:
     of examples any attack recovers, beside the best attack's share of trials recovered."""
     from gleak.data import load_dataset
     from gleak.dp_bound import attained_kappa, baseline_kappa, reconstruction_bound
-    from gleak.report import _params_text
-
     eps_of = {}
     for (d, dp), g in df.groupby(["defense", "defense_params"], sort=False):
         e = [json.loads(x).get("epsilon") for x in g["extra"].dropna() if isinstance(x, str)]
@@ -162,7 +159,7 @@ def dp_bound_blocks(df: pd.DataFrame, agg: pd.DataFrame) -> list[tuple]:
                 kappas[ds_name] = None
         k = kappas[ds_name]
         bound = reconstruction_bound(eps, delta, k[0]) if k else None
-        rows.append([d, _params_text(dp, "defense", d), f"{eps:.3g}", f"{delta:g}",
+        rows.append([d, params_text(dp, "defense", d), f"{eps:.3g}", f"{delta:g}",
                      f"{k[0]:.3f} ({k[1]:.3f} attained)" if k else "unavailable", f"{bound:.3g}" if bound is not None else "",
                      str(best["attack"]) if best is not None else "", f"{best['psnr']:.2f}" if best is not None else "",
                      f"{best['recovered']:.0%}" if best is not None and best.get("recovered") is not None else ""])  # fmt: skip

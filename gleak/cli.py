@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         in_process=args.in_process, trial_timeout=args.trial_timeout, force=args.force, device=args.device,
         verbose=args.verbose,
     )  # fmt: skip
-    from gleak.folder import write_reports
+    from gleak.report import write_folder_reports as write_reports
 
     write_reports(out, suite.name, suite.description)  # the run stored everything: now the reports, from the store
     dt = time.perf_counter() - t0
@@ -147,7 +147,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    from gleak.folder import write_reports
+    from gleak.report import write_folder_reports as write_reports
 
     paths = write_reports(args.dir)
     for p in paths.values():

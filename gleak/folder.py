@@ -36,7 +36,7 @@ REPORT_FILES = ("results.csv", "utility.csv", "leaderboard.md", "leaderboard.htm
 # Files below: images/<trial id>.png, figures/<one of gleak's prefixes>*.png.
 _IMAGE = re.compile(r"^[0-9a-f]{8,64}\.png$")
 FIGURE_PREFIXES = ("reconstructions_", "strength_", "frontier", "utility_curves")
-# figures.atomic_write_bytes: tempfile.mkstemp(prefix=".NAME.gleak-tmp-") -> the prefix and 8 of [a-z0-9_].
+# files.atomic_write_bytes: tempfile.mkstemp(prefix=".NAME.gleak-tmp-") -> the prefix and 8 of [a-z0-9_].
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.gleak-tmp-[a-z0-9_]{8}$")
 MIN_FREE_BYTES = 16 << 20  # a run needs room for its store and reports; less is a full disk
 
@@ -133,7 +133,7 @@ class Manifest:
                 self.files.add(rel)
 
     def save(self) -> None:
-        from gleak.figures import atomic_write_bytes
+        from gleak.files import atomic_write_bytes
 
         self.files.add(MANIFEST)
         # Listed before they are written (a kill in between must not make gleak's next run take them for a user's).
@@ -254,21 +254,3 @@ def record(folder: str | Path, written: Iterable[str | Path]) -> None:
     m.add(written)
     m.save()
 
-
-def write_reports(folder: str | Path, suite: str | None = None, description: str | None = None) -> dict[str, Path]:
-    """Write the folder's reports from its store (gleak.report.write_reports) and record them in its manifest; the
-    folder must be gleak's (InputError otherwise, nothing written)."""
-    from gleak.report import write_reports as write
-    from gleak.store import check_store
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise InputError(f"{folder}: no such folder")
-    if not check_store(folder) and not (folder / "results.csv").is_file():  # a shipped folder rebuilds from its csv
-        raise InputError(f"{folder}: no results here (expected results.sqlite or results.csv; run `gleak run` first)")
-    m = claim(folder, False, check_store)  # gleak's folder, no user file where a report goes
-    m.add(REPORT_FILES)
-    m.save()
-    paths = write(folder, suite, description)
-    record(folder, paths.values())
-    return paths

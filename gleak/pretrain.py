@@ -130,7 +130,7 @@ def trained_state(
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             buf = io.BytesIO()
             torch.save({"state": state, "info": info, "key": key}, buf)
-            from gleak.figures import atomic_write_bytes
+            from gleak.files import atomic_write_bytes
 
             atomic_write_bytes(path, buf.getvalue())
     _MEMORY[key] = (state, info)

@@ -26,7 +26,7 @@ from typing import Any
 
 from gleak.config import TrialConfig
 from gleak.errors import InputError
-from gleak.figures import atomic_write_bytes
+from gleak.files import atomic_write_bytes
 from gleak.workers import Finished, Record, TrialEnv, died_row, guarded_trial, prepare_process
 
 TASK_SECONDS = 0.5  # work per task once calibrated: Ray's per-task cost is then well under 1% of it

@@ -424,13 +424,12 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
 
 CLAIM_KEYS = {"source", "claim", "defense", "defense_params", "attacks", "case", "expect"}
 CLAIM_CASE_KEYS = ("dataset", "model", "batch_size")
+EXPECT = ("defended", "leaks")  # a claim's `expect`: what its attacks' verdict must be (gleak.claims judges it)
 
 
 def _claims(raw: Any, where: _Where) -> list[dict[str, Any]]:
     """The [[claim]] tables: each a published claim about one defense against named attacks (gleak.claims),
     validated key by key; the defense and attack names resolved to their current names."""
-    from gleak.claims import EXPECT
-
     if isinstance(raw, dict):
         raw = [raw]
     if not isinstance(raw, list):

@@ -208,7 +208,7 @@ def run_trial(
 
             row["reconstruction"] = pack(*arrays)
         if image_dir is not None and rec is not None:
-            from gleak.figures import save_reconstruction
+            from gleak.images import save_reconstruction
 
             path = Path(image_dir) / f"{cfg.trial_id}.png"
             save_reconstruction(truth, rec, path)

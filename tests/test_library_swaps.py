@@ -9,7 +9,8 @@ import torch
 
 from gleak.errors import InputError
 from gleak.figures import image_grid
-from gleak.report import _md_table, render_html
+from gleak.documents.markdown import md_table
+from gleak.report import render_html
 from gleak.store import LOCK_NAME, check_unlocked, release_lock, take_lock
 
 
@@ -27,7 +28,7 @@ def test_image_grid_layout_padding_scale_and_a_short_row():
 
 
 def test_markdown_table_keeps_the_cells_as_formatted():
-    text = _md_table(["defense", "psnr", "verdict"], [["none", "1.50", "recovered"], ["topk (ratio=0.9)", "12.0", "10,000"]])
+    text = md_table(["defense", "psnr", "verdict"], [["none", "1.50", "recovered"], ["topk (ratio=0.9)", "12.0", "10,000"]])
     lines = text.splitlines()
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
     assert cells[0] == ["defense", "psnr", "verdict"] and set("".join(cells[1])) <= {"-"}

@@ -212,7 +212,7 @@ def test_a_rerun_with_every_trial_stored_leaves_the_published_folder_byte_identi
 
     committed = digests()
     # The reports as this code writes them (the committed ones are redrawn at each release: `gleak leaderboard`)
-    from gleak.folder import write_reports
+    from gleak.report import write_folder_reports as write_reports
 
     write_reports(out)
     before = digests()
