@@ -1,0 +1,175 @@
+"""The house: gleak's modules import each other one way, bottom-up through the layers below, and never in a circle.
+
+The imports are read from the source (ast), not by importing: every `import` and `from ... import` anywhere in a
+module counts, at the top or inside a function (a deferred import is still a dependency), except under
+`if TYPE_CHECKING:` (names for annotations only). attacks/, defenses/ and protocols/ are installed as gleak.attacks,
+gleak.defenses and gleak.protocols and are walked with gleak/.
+
+A module may import modules of its own layer (no circle) and of the layers below it, never one above. A new module
+must be placed in a layer here: the test names it until it is. docs/architecture.md explains the layers.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"gleak": "gleak", "attacks": "gleak.attacks", "defenses": "gleak.defenses", "protocols": "gleak.protocols"}
+
+# Bottom-up. A module is named by its first part below gleak (gleak.documents.html is "documents"; the package
+# gleak itself, whose __init__ hands out the API, is "__init__").
+LAYERS = [
+    # pure data types, errors, the plugin registry and the plugin kinds' base classes: what everything else speaks
+    ("contracts", {"errors", "threat", "config", "registry", "plugin"}),
+    # the computations: metrics, the round (protocol), the observation gate, models, data, and their small helpers
+    ("mechanics", {"metrics", "protocol", "gate", "models", "data", "device", "guards", "heap", "progress",
+                   "secret_sharing", "dp_bound", "files"}),
+    # the built-in plugins: they build on the contracts and the mechanics only (the registry finds them by name)
+    ("plugins", {"attacks", "defenses", "protocols"}),
+    # running trials and keeping their results: one trial, the runner and its workers, the store, the folder
+    ("orchestration", {"trial", "runner", "store", "folder", "suite", "workers", "ray_executor", "utility", "pretrain",
+                       "reconstructions", "conformance", "images"}),
+    # what is written from the stored results: aggregation, claims, documents, figures, the report of a folder
+    ("reporting", {"attribution", "aggregate", "claims", "documents", "figures", "report"}),
+    # the faces: the command line and the Python API
+    ("faces", {"cli", "api", "__main__", "__init__"}),
+]
+
+
+def modules(root: Path = ROOT, packages: dict[str, str] = PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under the packages' folders."""
+    out = {}
+    for folder, pkg in packages.items():
+        for f in sorted((root / folder).rglob("*.py")):
+            parts = list(f.relative_to(root / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([pkg, *parts])] = f
+    return out
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skip
+
+
+def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules (of `mods`) it imports."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_checking_nodes(tree)
+        targets = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                targets |= {resolve(a.name) for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's package
+                    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                    base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+                # `from gleak import device` imports the module gleak.device; `from gleak.x import f` the module gleak.x
+                targets |= {resolve(f"{base}.{a.name}") if f"{base}.{a.name}" in mods else resolve(base) for a in node.names}
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer_of(module: str, layers: list = LAYERS) -> int | None:
+    parts = module.split(".")
+    short = parts[1] if len(parts) > 1 else "__init__"  # the top package itself (gleak/__init__.py)
+    return next((i for i, (_, names) in enumerate(layers) if short in names), None)
+
+
+def upward(graph: dict[str, set[str]], layers: list = LAYERS) -> list[str]:
+    out = []
+    for m, targets in sorted(graph.items()):
+        lm = layer_of(m, layers)
+        for t in sorted(targets):
+            lt = layer_of(t, layers)
+            if lm is not None and lt is not None and lt > lm:
+                out.append(f"{m} ({layers[lm][0]}) imports {t} ({layers[lt][0]})")
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(modules())
+
+
+def test_every_module_has_a_layer(graph):
+    missing = [m for m in graph if layer_of(m) is None]
+    assert not missing, f"place these modules in a layer of LAYERS: {missing}"
+
+
+def test_no_import_circle(graph):
+    found = circles(graph)
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_import_runs_up_the_layers(graph):
+    found = upward(graph)
+    assert not found, "imports up the layers:\n" + "\n".join(found)
+
+
+def test_the_walk_sees_deferred_imports_skips_type_checking_and_finds_a_circle(tmp_path):
+    """The checks can fail: a package whose modules import each other in a function (a circle) and whose annotation
+    import sits under TYPE_CHECKING (not an edge), with one import up the layers."""
+    pkg = tmp_path / "p"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def f():\n    from p.mid import g\n    return g\n")
+    (pkg / "mid.py").write_text("from p import low\n\ndef g():\n    return low\n")
+    (pkg / "top.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.low import f\nimport p.mid\n")
+    g = import_graph(modules(tmp_path, {"p": "p"}))
+    assert g["p.low"] == {"p.mid"} and g["p.mid"] == {"p.low"} and g["p.top"] == {"p.mid"}
+    assert circles(g) == [["p.low", "p.mid"]]
+    layers = [("bottom", {"low"}), ("top", {"mid", "top"})]
+    assert upward(g, layers) == ["p.low (bottom) imports p.mid (top)"]
