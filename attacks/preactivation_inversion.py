@@ -8,7 +8,7 @@ step sizes times the revealed first-layer sums: every participant steps with the
 z_k - z_1 - (o_k - o_1) = x (O_k - O_1), linear in x with known coefficients. The offsets are sums of gradients,
 whose columns lie in the span of the training samples (per feature block), and so does x: the minimum-norm
 least-squares solution over the observed iterations is x itself once the offsets span that space
-(cgd_training.invert_preactivation_wire). With few training samples against H_1 units that is the second iteration.
+(cgd_vertical.invert_preactivation_wire). With few training samples against H_1 units that is the second iteration.
 
 Our attack (the paper does not discuss this wire); it needs no model, no colluder and no batch size (the wire has
 one row per sample). It applies only where the observer sees the wire: CGD attack trials with split_features on a
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from gleak.defenses.cgd_training import invert_preactivation_wire
+from gleak.protocols.cgd_vertical import invert_preactivation_wire
 from gleak.errors import UnsupportedCase
 from gleak.plugin import Attack
 from gleak.registry import register_attack

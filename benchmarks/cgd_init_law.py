@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gleak.config import derive_seed  # noqa: E402
 from gleak.data import load_dataset  # noqa: E402
-from gleak.defenses.cgd_training import INIT_LAWS, Partition, train  # noqa: E402
-from gleak.protocols.cgd import _features, _subset  # noqa: E402
+from gleak.protocols.cgd_training import INIT_LAWS, Partition, train  # noqa: E402
+from gleak.protocols.cgd_utility import features, subset  # noqa: E402
 
 
 def main() -> int:
@@ -40,8 +40,8 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     tr, te = load_dataset("fashion-mnist", "train"), load_dataset("fashion-mnist", "test")
-    x, y = _subset(tr, args.samples, args.seed, "pixels")
-    xt, yt = _features(te, slice(None), "pixels"), te.y
+    x, y = subset(tr, args.samples, args.seed, "pixels")
+    xt, yt = features(te, slice(None), "pixels"), te.y
     part = Partition.parse(args.partition)
     for law in args.laws:
         common = dict(sizes=[x.shape[1], 256, 10], iterations=args.iterations, alpha=args.alpha, delta=args.delta,

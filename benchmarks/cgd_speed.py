@@ -27,7 +27,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gleak.data import load_dataset  # noqa: E402
-from gleak.defenses.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout  # noqa: E402
+from gleak.protocols.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout  # noqa: E402
 from gleak.heap import retain_freed_memory  # noqa: E402
 
 

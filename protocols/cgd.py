@@ -1,6 +1,6 @@
 """Confined Gradient Descent (seed 000: "Confined Gradient Descent: Privacy-preserving Optimization for Federated
 Learning"), a Protocol: in attack trials its rounds run through gleak.protocol.run_rounds, in utility runs it trains
-with the vectorised engine (defenses/cgd_training.py), the fast path of the same rounds.
+with the vectorised engine (protocols/cgd_training.py), the fast path of the same rounds.
 
 Attack trials (gleak.trial): the case's clients are the m participants (the victim is client 0), each holding its
 batch as its whole local data set (horizontal, Algorithm 1). Each participant computes its gradient at its own
@@ -22,7 +22,7 @@ the public sum of past steps). `confined = false` is the comparison the paper ma
 aggregation over the same clients: one shared model (same init law), known to the observer, same secure sum.
 
 Utility runs (train_utility): Algorithms 1 and 2 on the [utility] data set with the paper's fully connected ReLU
-network (model "mlp"), vectorised across participants (defenses/cgd_training.py). T = [utility] training_rounds, alpha =
+network (model "mlp"), vectorised across participants (protocols/cgd_training.py). T = [utility] training_rounds, alpha =
 [utility] server_lr, m = `partition`; the returned accuracy is the worst evaluated confined model (the paper reports the
 worst), baseline_accuracy is centralized training (the same protocol with one participant: full-batch gradient
 descent on all the data, the same init law, T and alpha). With a client defense other than "none" (DP-SGD inside
@@ -41,7 +41,7 @@ Reading of Algorithm 2 (ambiguous in the paper; `vertical`, which only matters w
   pre-activation is z_k = x (W_1 + O_k) + b_1 + o_k, its block's confined init W_1, b_1 secret but fixed and the
   offsets O_k, o_k public (minus the step-weighted sums of the revealed group gradients), so z_k - z_1 is linear in
   x with known coefficients, (k - 1) H_1 equations for D features: after about D / H_1 + 1 iterations the
-  aggregator solves for every training sample of every block (cgd_training.invert_preactivation_wire; tested:
+  aggregator solves for every training sample of every block (cgd_vertical.invert_preactivation_wire; tested:
   every sample of a toy partition within 0.05 per pixel after 30 iterations of the fixed-point wire). The wire also
   shows the number of samples of each block (one row each). The horizontal protocol (Algorithm 1) reveals only the
   gradient sums. Attack trials observe this wire with `split_features` (below).
@@ -73,21 +73,23 @@ from torch import nn
 
 from gleak.config import derive_seed
 from gleak.errors import UnsupportedCase
-from gleak.models import create_model, first_linear
+from gleak.models import first_linear
 from gleak.plugin import Defense, check_choice
-from gleak.protocol import Protocol, Schedule, run_rounds
+from gleak.protocol import Protocol
 from gleak.registry import register_protocol
 from gleak.secret_sharing import FixedPoint, secure_sum, sum_encoded
 from gleak.threat import ClientBatch, Update
 
-from gleak.defenses.cgd_training import (
-    INIT_LAWS, VERTICAL_READINGS, Partition, blocks, init_deltas, init_unit, participant_init, step_size, train,
+from gleak.protocols.cgd_training import (
+    INIT_LAWS, VERTICAL_READINGS, Partition, blocks, init_unit, step_size, train,
 )
-from gleak.protocols.cgd_vertical import VerticalBlock, block_update, draw_block, initial_blocks, step_block, zero_block
+from gleak.protocols.cgd_utility import centralized, features, mlp_sizes, subset, train_per_participant
+from gleak.protocols.cgd_vertical import VerticalBlock, block_update, draw_block, step_block, zero_block
 
 # The share protocol costs parties^2 ring elements per coordinate; beyond this many in all, the bit-identical sum
 # of encodings is used instead (gleak.secret_sharing.sum_encoded).
 SHARE_BUDGET = 1 << 28
+_RUN_CACHE: dict[str, dict[str, Any]] = {}  # one utility run per configuration and process (train_utility)
 ALGORITHM2_READINGS = {
     "vfl": "Algorithm 2 as vertical FL: a sample block's pre-activations summed across its feature groups by the secure sum; models evaluated on all features",
     "literal": "Algorithm 2 read literally: each participant predicts from its own feature block",
@@ -167,10 +169,10 @@ class _ConfinedTraining(Protocol):
 
     def _train_utility(self, config: Any, train_ds: Any, test_ds: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
-        sizes = _mlp_sizes(config, train_ds)
+        sizes = mlp_sizes(config, train_ds)
         seed = config.seed if self.utility_seed is None else self.utility_seed
-        x, y = _subset(train_ds, self.train_samples, seed, self.inputs)
-        x_test, y_test = _features(test_ds, slice(None), self.inputs), test_ds.y
+        x, y = subset(train_ds, self.train_samples, seed, self.inputs)
+        x_test, y_test = features(test_ds, slice(None), self.inputs), test_ds.y
         part = Partition.parse(self.partition)
         if part.rows > len(y):
             raise UnsupportedCase(f"partition {part} has more sample blocks than the {len(y)} training samples")
@@ -179,7 +181,7 @@ class _ConfinedTraining(Protocol):
             delta=self.delta, delta_high=self.delta_high, grad_scale=self.grad_scale, frac_bits=self.frac_bits,
             seed=derive_seed(seed, "cgd"), progress=True, init_law=self.init_law,
         )  # fmt: skip
-        base = _centralized(x, y, x_test, y_test, common)
+        base = centralized(x, y, x_test, y_test, common)
         if not getattr(self, "confined", True):
             # Federated SGD with the secure sum and one shared model, full batch: every participant's gradient is
             # taken at the same model, so their sum is the full-batch gradient: centralized training.
@@ -199,127 +201,6 @@ class _ConfinedTraining(Protocol):
             "reading": ALGORITHM2_READINGS[getattr(self, "vertical", "literal")] if part.cols > 1 else "",
             "utility_seed": seed,
         }  # fmt: skip
-
-
-_CENTRAL_CACHE: dict[str, Any] = {}
-_RUN_CACHE: dict[str, dict[str, Any]] = {}
-
-
-def _centralized(x, y, x_test, y_test, common: dict) -> Any:
-    """Centralized training (one participant, all data) with the same init law and schedule; cached per process
-    because every CGD and local row of a suite compares with it."""
-    # One participant: nothing is shared, so neither the gradient scale nor the encoding matters.
-    common = {**common, "grad_scale": "data", "frac_bits": 24}
-    key = json.dumps({k: v for k, v in common.items() if k != "progress"}, sort_keys=True) + f"/{len(y)}/{float(x.sum())}"
-    if key not in _CENTRAL_CACHE:
-        _CENTRAL_CACHE[key] = train(x, y, x_test, y_test, partition=Partition(1, 1), mode="cgd", secure_sum="float",
-                                    eval_participants=1, **common)  # fmt: skip
-    return _CENTRAL_CACHE[key]
-
-
-def _mlp_sizes(config: Any, train_ds: Any) -> list[int]:
-    if config.model != "mlp":
-        raise UnsupportedCase(f"CGD trains the paper's fully connected ReLU network (model 'mlp'), not {config.model!r}")
-    params = dict(config.model_params or {})
-    if params.get("activation", "relu") != "relu":
-        raise UnsupportedCase("CGD's vectorised training supports ReLU hidden layers only")
-    hidden = [int(h) for h in params.get("hidden", [256])]
-    d = int(torch.Size(train_ds.input_shape).numel())
-    return [d, *hidden, train_ds.num_classes]
-
-
-def _features(ds: Any, idx: Any, inputs: str) -> torch.Tensor:
-    """Flattened inputs: pixels in [0, 1], or standardised with the train split's mean and std (gleak's default)."""
-    x = ds.x[idx] if inputs == "pixels" else ds.normalized(idx)
-    return x.flatten(1)
-
-
-def _subset(ds: Any, n: int | None, seed: int, inputs: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The training samples in a seeded random order (the first n of them when n is set): blocks are then IID."""
-    g = torch.Generator().manual_seed(derive_seed(seed, "cgd/train-order"))
-    order = torch.randperm(len(ds), generator=g)
-    if n is not None:
-        order = order[: min(n, len(ds))]
-    return _features(ds, order, inputs), ds.y[order]
-
-
-def train_per_participant(
-    proto: "_ConfinedTraining", config: Any, train_ds: Any, test_ds: Any, defense: tuple[str, dict[str, Any]] = ("none", {}),
-    dtype: torch.dtype = torch.float32, models_only: bool = False,
-) -> Any:  # fmt: skip
-    """A utility run of `proto` (cgd or local-training) participant by participant through run_rounds:
-    full-batch rounds on each participant's sample block, from the engine's initial models
-    (participant_init), each participant's gradients through its defense; vertical partitions (vfl reading) one
-    client per sample block (protocols/cgd_vertical.py). `models_only`: return the trained models (the engine's
-    equality tests)."""
-    from gleak.registry import create
-
-    t0 = time.perf_counter()
-    part = Partition.parse(proto.partition)
-    vertical = part.cols > 1 and proto._mode == "cgd"
-    if part.cols > 1 and (not vertical or getattr(proto, "vertical", "vfl") != "vfl"):
-        raise UnsupportedCase("CGD's per-participant path runs horizontal partitions and vertical ones in the vfl reading")
-    sizes = _mlp_sizes(config, train_ds)
-    x, y = _subset(train_ds, proto.train_samples, config.seed, proto.inputs)
-    x_test, y_test = _features(test_ds, slice(None), proto.inputs), test_ds.y
-    seed = derive_seed(config.seed, "cgd")
-    if vertical:  # one client per sample block (protocols/cgd_vertical.py)
-        deltas = init_deltas(part.m, proto.delta, proto.delta_high, seed)
-        models, batches = initial_blocks(part, deltas, x, y, sizes, seed, dtype, proto.init_law)
-    else:
-        models, batches = initial_participants(proto, x, y, sizes, seed, dtype)
-    defenses = [create("defense", defense[0], **defense[1]) for _ in models]
-    for d in defenses:
-        d.reset()
-    rngs = [torch.Generator().manual_seed(derive_seed(config.seed, f"cgd/client/{i}")) for i in range(len(models))]
-    wire = torch.Generator().manual_seed(derive_seed(config.seed, "cgd/wire"))
-    proto = copy.copy(proto)  # the utility run's schedule: alpha = [utility] server_lr over T = [utility] training_rounds
-    proto.alpha, proto.iterations = config.server_step, config.training_rounds
-    if vertical:
-        proto.split_features = True  # the fixed-point sums then count every participant of a block as an addend
-    proto.reset()
-    proto._models = list(models)
-    schedule = Schedule(lambda r: batches, lambda r: rngs, lambda r: wire)
-    models, _ = run_rounds(proto, defenses, models, config.training_rounds, schedule, config.server_step, observe=False)
-    if models_only:  # the engine's equality test compares the models themselves
-        return models
-    members = [p for m in models for p in (m.members if isinstance(m, VerticalBlock) else [m])]
-    accs = torch.tensor([_accuracy(m, x_test, y_test) for m in members])
-    spent = [d.privacy_spent() for d in defenses]  # each participant's accountant: full-batch steps
-    eps = max(spent) if spent and None not in spent else None
-    return {"accuracy": float(accs.min()), "mean_accuracy": float(accs.mean()), "best_accuracy": float(accs.max()),
-            "participants": len(members), "iterations": config.training_rounds, "train_samples": len(y), "epsilon": eps,
-            "path": "per-participant", "seconds": time.perf_counter() - t0}  # fmt: skip
-
-
-def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    with torch.no_grad():
-        return float((model(x.to(next(model.parameters()).dtype)).argmax(1) == y).double().mean())
-
-
-def initial_participants(
-    proto: "_ConfinedTraining", x: torch.Tensor, y: torch.Tensor, sizes: list[int], seed: int,
-    dtype: torch.dtype = torch.float32,
-) -> tuple[list[nn.Module], list[ClientBatch]]:  # fmt: skip
-    """The m = rows participants of a horizontal partition as modules and batches: participant l holds sample
-    block l of (x, y) (cgd_training.blocks, in order) and starts from the engine's initial model
-    (cgd_training.participant_init, its own delta from init_deltas), so that run_rounds and the engine train the
-    same models."""
-    part = Partition.parse(proto.partition)
-    deltas = init_deltas(part.m, proto.delta, proto.delta_high, seed)
-    models, batches = [], []
-    zero = torch.zeros(1)
-    for l, (lo, hi) in enumerate(blocks(len(y), part.rows)):
-        params = participant_init(l, sizes[0], sizes[0], sizes, float(deltas[l]), seed, torch.float64, proto.init_law)
-        model = create_model("mlp", (sizes[0],), sizes[-1], hidden=sizes[1:-1], dtype=dtype)
-        linears = [mod for mod in model.modules() if isinstance(mod, nn.Linear)]
-        with torch.no_grad():
-            for r, lin in enumerate(linears):
-                lin.weight.copy_(params[2 * r].T.to(dtype))
-                lin.bias.copy_(params[2 * r + 1].to(dtype))
-        models.append(model)
-        batches.append(ClientBatch(x[lo:hi].to(dtype), y[lo:hi], zero, zero + 1))
-    return models, batches
 
 
 @register_protocol("cgd", as_defense=True)

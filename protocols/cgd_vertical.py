@@ -25,6 +25,7 @@ encoded as the protocol does.
 
 `initial_blocks` draws the engine's initial models (cgd_training.participant_init), so that these rounds and the
 vectorised engine (ConfinedMLP, vertical = "vfl") train the same models: tests/test_protocols.py.
+`invert_preactivation_wire` is what that extra wire gives away: every sample of a block, from the aggregator's view.
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ import copy
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
-from gleak.defenses.cgd_training import PREACT_FRAC_BITS, blocks, init_unit, participant_init
+from gleak.protocols.cgd_training import PREACT_FRAC_BITS, blocks, init_unit, participant_init
 from gleak.models import create_model, first_linear
 from gleak.secret_sharing import FixedPoint
 from gleak.threat import ClientBatch, Update
@@ -187,3 +188,20 @@ def initial_blocks(
         batches.append(ClientBatch(x[lo:hi].to(dtype), y[lo:hi], zero, zero + 1))
     return out, batches
 
+
+def invert_preactivation_wire(wire: list[Tensor], offsets: list[tuple[Tensor, Tensor]], rtol: float = 1e-10) -> Tensor:
+    """What the vfl reading's extra wire gives away: every sample of a block, from the aggregator's view alone.
+
+    wire[k]: the summed pre-activations of a block's samples at iteration k + 1, (s, H_1), as the secure sum reveals
+    them; offsets[k]: the public first-layer offset at that iteration (ConfinedMLP.public_first_offset). A sample's
+    summed pre-activation is z_k = x (W_1 + O_k) + b_1 + o_k with W_1, b_1 the block's confined init (secret, fixed)
+    and O_k, o_k public, so z_k - z_1 = x (O_k - O_1) + (o_k - o_1): (K - 1) H_1 linear equations in the D features
+    of x with known coefficients. The offsets are sums of gradients, which lie in the span of the training samples,
+    and so does x: the minimum-norm least-squares solution is x itself once the offsets span it (K - 1 >= about
+    D / H_1 iterations for a block of D-dimensional samples). No colluder is needed. Returns (s, D)."""
+    if len(wire) < 2:
+        raise ValueError("the wire of at least two iterations is needed (differences cancel the secret init)")
+    w0, b0 = offsets[0]
+    a = torch.cat([(w - w0) for w, _ in offsets[1:]], dim=1).to(torch.float64)  # (D, (K - 1) H_1)
+    rhs = torch.cat([(z - wire[0]) - (b - b0) for z, (_, b) in zip(wire[1:], offsets[1:])], dim=1).to(torch.float64)
+    return rhs @ torch.linalg.pinv(a, rtol=rtol)

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 
 from gleak.config import CaseConfig, TrialConfig, UtilityConfig, generator
 from gleak.data import ImageDataset
-from gleak.defenses.cgd_training import (
-    ConfinedMLP, Partition, blocks, init_deltas, make_layout, reference_train, step_size,
+from gleak.protocols.cgd_reference import reference_train
+from gleak.protocols.cgd_training import (
+    ConfinedMLP, Partition, blocks, init_deltas, make_layout, step_size,
 )  # fmt: skip
 from gleak.errors import UnsupportedCase
 from gleak.registry import create
@@ -127,7 +128,7 @@ def test_the_init_law_is_stored_by_name_and_every_initial_weight_follows_it(law)
     """init_law enters every stored form (the default changed: a row without it computed "gaussian", so no stored
     form may drop it), and the engine's and the attack trials' draws follow it (the per-participant path draws the
     engine's inits: the engine-equality tests of tests/test_protocols.py hold it to the same law)."""
-    from gleak.defenses.cgd_training import participant_init
+    from gleak.protocols.cgd_training import participant_init
     from gleak.models import create_model
     from gleak.registry import check_params
 
@@ -353,7 +354,7 @@ def test_the_vfl_pre_activation_wire_gives_the_aggregator_every_training_sample_
     """The vfl reading's extra wire: the block sums of partial pre-activations (fixed point, as the protocol sums
     them) and the public first-layer offsets determine each block's samples; over 3 seeds, every sample of every
     block is recovered within 0.05 per pixel after 30 iterations, and is not after 2 (the information builds up)."""
-    from gleak.defenses.cgd_training import invert_preactivation_wire
+    from gleak.protocols.cgd_vertical import invert_preactivation_wire
 
     for seed in range(3):
         g = torch.Generator().manual_seed(seed)

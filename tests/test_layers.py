@@ -173,3 +173,26 @@ def test_the_walk_sees_deferred_imports_skips_type_checking_and_finds_a_circle(t
     assert circles(g) == [["p.low", "p.mid"]]
     layers = [("bottom", {"low"}), ("top", {"mid", "top"})]
     assert upward(g, layers) == ["p.low (bottom) imports p.mid (top)"]
+
+
+def test_the_cgd_engine_keeps_its_old_path_for_one_release():
+    """CGD's engine moved from defenses/ to protocols/ (beside its protocol): each old name still imports, warns
+    (DeprecationWarning) and is the moved object itself; importing the old module alone (plugin discovery) is silent."""
+    import importlib
+    import warnings
+
+    from gleak.protocols import cgd_reference, cgd_training, cgd_vertical
+
+    old = importlib.import_module("gleak.defenses.cgd_training")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        importlib.reload(old)
+    homes = {"reference_train": cgd_reference, "invert_preactivation_wire": cgd_vertical}
+    for name in old.__all__:
+        home = homes.get(name, cgd_training)
+        with pytest.warns(DeprecationWarning, match=f"import {name} from {home.__name__}"):
+            assert getattr(old, name) is getattr(home, name)
+    with pytest.warns(DeprecationWarning):
+        exec("from gleak.defenses.cgd_training import ConfinedMLP, Partition", {})
+    with pytest.raises(AttributeError):
+        old.torch  # noqa: B018 - only the engine's names are forwarded

@@ -216,15 +216,15 @@ def _rounds_and_engine(partition: str, secure_sum: str):
     """The same CGD utility run twice, on a toy set: through run_rounds (train_per_participant's models) and by the
     vectorised engine stepped as the plugin steps it. Returns (the rounds' models, the engine, the partition)."""
     from gleak.config import derive_seed
-    from gleak.defenses.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout, step_size
-    from gleak.protocols.cgd import _subset, train_per_participant
+    from gleak.protocols.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout, step_size
+    from gleak.protocols.cgd_utility import subset, train_per_participant
 
     train_ds = _image_ds(30, 0)
     cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [5]}, training_rounds=4, server_lr=0.5, seed=3)
     cgd = gleak.create("protocol", "cgd", partition=partition, delta=0.1, delta_high=0.3, secure_sum=secure_sum)
     ours = train_per_participant(cgd, cfg, train_ds, train_ds, dtype=torch.float64, models_only=True)
     seed = derive_seed(cfg.seed, "cgd")
-    x, y = _subset(train_ds, None, cfg.seed, "pixels")
+    x, y = subset(train_ds, None, cfg.seed, "pixels")
     part = Partition.parse(partition)
     net = ConfinedMLP(make_layout(x.double(), y, part), [36, 5, 4], init_deltas(part.m, 0.1, 0.3, seed), seed,
                       secure_sum=secure_sum, dtype=torch.float64)  # fmt: skip
