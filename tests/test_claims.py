@@ -189,6 +189,32 @@ def test_the_leaderboard_judges_the_claims_and_a_clone_rebuilds_them(tmp_path):
     assert md2[md2.index("## Published claims"):md2.index("## Results by case")] == section
 
 
+def test_leaderboard_claims_rejudges_edited_claims_without_rerunning(tmp_path, capsys):
+    """`gleak leaderboard DIR --claims SUITE`: the edited claims are judged on the stored trials (no trial runs);
+    a suite file of another suite is one line, exit 2, and changes nothing."""
+    import gleak
+    from gleak.cli import main
+
+    p = tmp_path / "s.toml"
+    p.write_text(HEAD + CLAIM)
+    out = tmp_path / "out"
+    gleak.run(load_suite(p), out, progress=False)
+    before = (out / "leaderboard.md").read_text()
+    assert "falls: only to the attack that knows the defense" in before
+    p.write_text(HEAD + CLAIM.replace('expect = "defended"', 'expect = "leaks"\nsetting = "edited"'))
+    assert main(["leaderboard", str(out), "--claims", str(p)]) == 0
+    after = (out / "leaderboard.md").read_text()
+    assert re.search(r"\|\s*edited\s*\|", after) and "holds: closed-form" in after and "falls: only" not in after
+    assert json.loads((out / "suite.json").read_text())["claims"][0]["setting"] == "edited"
+    other = tmp_path / "o.toml"
+    other.write_text(HEAD.replace('name = "c"', 'name = "other"') + CLAIM)
+    capsys.readouterr()
+    assert main(["leaderboard", str(out), "--claims", str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "'other'" in err and "'c'" in err, err
+    assert (out / "leaderboard.md").read_text() == after
+
+
 def test_dp_bound_doctests_and_kappa_bounds_every_guess():
     """The bound's doctests; kappa's upper bound is never below what any fixed guess attains (the images, their
     pairwise midpoints, the mean), and not below the attained value, on the embedded images."""
