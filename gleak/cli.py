@@ -149,10 +149,25 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     from gleak.report import write_folder_reports as write_reports
 
+    if args.claims:
+        _take_claims(Path(args.dir), args.claims)
     paths = write_reports(args.dir)
     for p in paths.values():
         print(p)
     return EXIT_OK
+
+
+def _take_claims(folder: Path, suite_file: str) -> None:
+    """--claims SUITE: judge the folder's trials against the (edited) claims of its own suite file."""
+    from gleak.claims import replace_claims
+    from gleak.report import folder_suite_name
+    from gleak.suite import load_suite
+
+    suite = load_suite(suite_file)
+    have = folder_suite_name(folder)
+    if have != suite.name:
+        raise InputError(f"--claims {suite_file}: suite {suite.name!r}, but {folder} holds suite {have!r}")
+    replace_claims(folder, suite.claims)
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
@@ -365,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     lb = sub.add_parser("leaderboard", help="regenerate results.csv and leaderboards of an output folder")
     lb.add_argument("dir")
+    lb.add_argument("--claims", metavar="SUITE", help="first take the [[claim]] tables of the folder's suite file "
+                    "SUITE (edited claims are judged again; no trial reruns)")  # fmt: skip
     lb.set_defaults(func=cmd_leaderboard)
 
     pl = sub.add_parser("plot", help="regenerate the figures of an output folder (DIR/figures/*.png)")

@@ -70,6 +70,18 @@ def _load(folder: Path) -> dict[str, Any]:
         store.close()
 
 
+def folder_suite_name(folder: Path) -> str | None:
+    """The name of the suite whose trials the folder holds (its store's meta, else suite.json)."""
+    if Store.exists(folder):
+        store = Store.open_existing(folder)
+        try:
+            return store.get_meta("suite", None)
+        finally:
+            store.close()
+    meta = folder / META_JSON
+    return json.loads(meta.read_text()).get("suite") if meta.is_file() else None
+
+
 def _load_committed(folder: Path) -> dict[str, Any]:
     from gleak.config import UtilityConfig
 

@@ -422,8 +422,7 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     return Suite(name, path, list(unique.values()), description, save_images, extras, utility, verdict, claims, device)
 
 
-CLAIM_KEYS = {"source", "claim", "defense", "defense_params", "attacks", "case", "expect"}
-CLAIM_CASE_KEYS = ("dataset", "model", "batch_size")
+CLAIM_KEYS = {"source", "claim", "setting", "defense", "defense_params", "attacks", "attack_params", "case", "expect"}
 EXPECT = ("defended", "leaks")  # a claim's `expect`: what its attacks' verdict must be (gleak.claims judges it)
 
 
@@ -471,16 +470,29 @@ def _claims(raw: Any, where: _Where) -> list[dict[str, Any]]:
                 registry.plugin_info("attack", names[-1])
             except UnknownPluginError as exc:
                 raise where.error(t, "attacks", str(exc)) from None
-        case = c.get("case", {})
-        if not isinstance(case, dict):
-            raise where.error(t, "case", f"must be a table, got {case!r}")
-        for k, v in case.items():
-            if k not in CLAIM_CASE_KEYS:
-                raise where.error(t, f"case.{k}", f"a claim matches cases by {', '.join(CLAIM_CASE_KEYS)} only")
-            if k == "batch_size" and (not isinstance(v, int) or isinstance(v, bool)):
-                raise where.error(t, "case.batch_size", f"must be an integer, got {v!r}")
-            if k != "batch_size" and not isinstance(v, str):
-                raise where.error(t, f"case.{k}", f"must be a string, got {v!r}")
-        out.append({"source": c["source"], "claim": c["claim"], "defense": defense, "defense_params": dict(params),
-                    "attacks": names, "case": dict(case), "expect": c["expect"]})  # fmt: skip
+        attack_params = c.get("attack_params", {})
+        if not isinstance(attack_params, dict):
+            raise where.error(t, "attack_params", f"must be a table, got {attack_params!r}")
+        known = set().union(*(registry.plugin_info("attack", a).params for a in names), {"defense_aware"})
+        for k in attack_params:
+            if k not in known:
+                raise where.error(t, f"attack_params.{k}", f"no attack of the claim has a parameter {k!r}{_close(k, known)}")
+        if "setting" in c and (not isinstance(c["setting"], str) or not c["setting"]):
+            raise where.error(t, "setting", f"must be a non-empty string, got {c['setting']!r}")
+        case = _claim_case(c.get("case", {}), t, where)
+        out.append({"source": c["source"], "claim": c["claim"], "setting": c.get("setting", ""), "defense": defense,
+                    "defense_params": dict(params), "attacks": names, "attack_params": dict(attack_params),
+                    "case": case, "expect": c["expect"]})  # fmt: skip
     return out
+
+
+def _claim_case(case: Any, t: str, where: _Where) -> dict[str, Any]:
+    """A claim's case: keys of [case] (gleak.config.CaseConfig), matched against each cell's trials' case."""
+    if not isinstance(case, dict):
+        raise where.error(t, "case", f"must be a table, got {case!r}")
+    for k, v in case.items():
+        if k not in CASE_FIELDS:
+            raise where.error(t, f"case.{k}", f"not a [case] key{_close(k, CASE_FIELDS)}")
+        if k == "batch_size" and (not isinstance(v, int) or isinstance(v, bool)):
+            raise where.error(t, "case.batch_size", f"must be an integer, got {v!r}")
+    return dict(case)

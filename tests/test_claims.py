@@ -1,4 +1,4 @@
-"""Published claims ([[claim]] tables) and the DP bound in the leaderboard (issue 13)."""
+"""Published claims ([[claim]] tables) judged at their settings, and the DP bound in the leaderboard."""
 import json
 import re
 import shutil
@@ -6,7 +6,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from gleak.claims import judge
+from gleak.claims import elsewhere_text, judge, undefended_twin, wilson
 from gleak.errors import InputError
 from gleak.suite import load_suite
 
@@ -73,35 +73,89 @@ def test_claims_parse_with_resolved_names(tmp_path):
     assert len(s.trials) == 6  # claims add no trials
 
 
-def _row(attack, aware, psnr, verdict, dp='{"k1": 0.05}', recovered=None):
-    return {"dataset": "skimage", "model": "mlp", "batch_size": 1, "variant": "", "defense": "dgp", "defense_params": dp,
-            "attack": attack, "attack_params": json.dumps({"defense_aware": True} if aware else {}), "psnr": psnr,
-            "mse_median": 10 ** (-psnr / 10), "verdict": verdict, "recovered": recovered, "blind_psnr": 12.0}  # fmt: skip
+def _row(attack, aware, psnr, verdict, dp='{"k1": 0.05}', recovered=None, defense="dgp", batch=1, trials=3):
+    return {"dataset": "skimage", "model": "mlp", "batch_size": batch, "variant": "", "defense": defense,
+            "defense_params": dp, "attack": attack, "attack_params": json.dumps({"defense_aware": True} if aware else {}),
+            "psnr": psnr, "mse_median": 10 ** (-psnr / 10), "verdict": verdict, "recovered": recovered,
+            "blind_psnr": 12.0, "trials": trials, "failed": 0, "not_applicable": 0}  # fmt: skip
 
 
-def test_a_claim_falls_to_the_adaptive_attack_and_holds_without_it():
-    claim = {"source": "s", "claim": "c", "defense": "dgp", "defense_params": {}, "attacks": ["closed-form"], "case": {}, "expect": "defended"}
-    agg = pd.DataFrame([_row("closed-form", False, 12.0, "defended", recovered=0.0), _row("closed-form", True, 36.0, "recovered", recovered=1.0),
-                        _row("rgap", False, 50.0, "recovered")])  # fmt: skip
-    (r,) = judge(claim, agg)
-    assert r["verdict"] == "falls" and "only to the adaptive attack" in r["why"] and "36.0 dB" in r["why"]
-    assert r["plain"]["psnr"] == 12.0 and r["adaptive"]["psnr"] == 36.0  # rgap is not among the claim's attacks
-    (r,) = judge(claim, agg[~agg["attack_params"].str.contains("true")])
-    assert r["verdict"] == "holds"
-    (r,) = judge({**claim, "expect": "leaks"}, agg)
-    assert r["verdict"] == "holds"
-    (r,) = judge({**claim, "expect": "leaks"}, agg[~agg["attack_params"].str.contains("true")])
-    assert r["verdict"] == "falls"
-    (r,) = judge({**claim, "defense_params": {"k1": 0.1}}, agg)
-    assert r["verdict"] == "not run"
-    two = pd.concat([agg, pd.DataFrame([_row("closed-form", False, 9.0, "defended", dp='{"k1": 0.1}')])])
-    assert [x["verdict"] for x in judge(claim, two)] == ["falls", "holds"]  # one row per matching configuration
-    weak = pd.concat([agg, pd.DataFrame([{**_row("closed-form", False, 11.0, "defended"), "defense": "none", "defense_params": "{}"}])])
-    (r,) = judge({**claim, "expect": "leaks"}, weak[~weak["attack_params"].str.contains("true")])
-    assert r["verdict"] == "inconclusive" and "even without a defense" in r["why"]  # an attack that never works
-    strong = pd.concat([agg, pd.DataFrame([{**_row("closed-form", False, 50.0, "recovered"), "defense": "none", "defense_params": "{}"}])])
-    (r,) = judge({**claim, "expect": "leaks"}, strong[~strong["attack_params"].str.contains("true")])
-    assert r["verdict"] == "falls"
+def _none(attack, psnr, verdict, batch=1, aware=False):
+    return _row(attack, aware, psnr, verdict, dp="{}", defense="none", batch=batch, recovered=1.0 if verdict == "recovered" else 0.0)
+
+
+CLAIM_D = {"source": "s", "claim": "c", "setting": "k1 5%", "defense": "dgp", "defense_params": {}, "attacks": ["closed-form"],
+           "case": {}, "expect": "defended"}  # fmt: skip
+
+
+def test_a_claim_is_judged_only_at_its_own_setting_and_shows_the_others():
+    agg = pd.DataFrame([_none("closed-form", 120.0, "recovered"), _row("closed-form", False, 11.0, "defended", recovered=0.0),
+                        _row("closed-form", False, 40.0, "recovered", dp='{"k1": 0.01}', recovered=1.0)])  # fmt: skip
+    pinned = {**CLAIM_D, "defense_params": {"k1": 0.05}}
+    j = judge(pinned, agg)
+    assert j["verdict"] == "holds" and j["plain"]["psnr"] == 11.0, j["why"]
+    assert "k1=0.01" in elsewhere_text(j) and "40.0 dB" in elsewhere_text(j)  # shown, not deciding
+    assert judge(CLAIM_D, agg)["verdict"] == "falls"  # a claim pinned to no strength is judged at every one
+    assert judge({**pinned, "defense_params": {"k1": 0.2}}, agg)["verdict"] == "not run"
+    assert judge({**pinned, "case": {"batch_size": 4}}, agg)["verdict"] == "not run"
+    assert judge({**pinned, "attack_params": {"defense_aware": True}}, agg)["verdict"] == "not run"
+
+
+def test_an_attack_that_fails_undefended_makes_a_claim_inconclusive_never_falls_or_holds():
+    weak = pd.DataFrame([_none("closed-form", 14.0, "partial"), _row("closed-form", False, 13.5, "partial", recovered=0.0)])
+    for expect in ("defended", "leaks"):
+        j = judge({**CLAIM_D, "expect": expect}, weak)
+        assert j["verdict"] == "inconclusive" and "does not recover the undefended case" in j["why"], j
+    no_twin = weak[weak["defense"] != "none"]
+    assert judge(CLAIM_D, no_twin)["verdict"] == "inconclusive"
+
+
+def test_the_undefended_twin_is_the_same_case_and_the_same_attack_parameters():
+    # Undefended: recovered at batch 1, defended at batch 4; the claim at batch 4 compares like with like.
+    agg = pd.DataFrame([_none("closed-form", 120.0, "recovered", batch=1), _none("closed-form", 11.0, "defended", batch=4),
+                        _row("closed-form", False, 14.0, "partial", batch=4, recovered=0.0)])  # fmt: skip
+    assert judge({**CLAIM_D, "case": {"batch_size": 4}}, agg)["verdict"] == "inconclusive"
+    agg = pd.concat([agg, pd.DataFrame([_none("closed-form", 60.0, "recovered", batch=4, aware=True)])])
+    j = judge({**CLAIM_D, "case": {"batch_size": 4}}, agg)  # the aware twin is another attack configuration
+    assert j["verdict"] == "inconclusive", j
+    assert undefended_twin(agg.iloc[2], agg)["psnr"] == 11.0
+
+
+def test_the_adaptive_side_decides_and_a_leak_claim_can_be_not_reproduced():
+    agg = pd.DataFrame([_none("closed-form", 120.0, "recovered"), _row("closed-form", False, 12.0, "defended", recovered=0.0),
+                        _row("closed-form", True, 36.0, "recovered", recovered=1.0), _row("rgap", False, 50.0, "recovered")])  # fmt: skip
+    j = judge(CLAIM_D, agg)
+    assert j["verdict"] == "falls" and "only to the attack that knows the defense" in j["why"] and "36.0 dB" in j["why"]
+    assert "no defense, same case: recovered at 120.0 dB" in j["why"]  # like with like
+    assert j["plain"]["psnr"] == 12.0 and j["adaptive"]["psnr"] == 36.0  # rgap is not among the claim's attacks
+    plain = agg[~agg["attack_params"].str.contains("true")]
+    assert judge(CLAIM_D, plain)["verdict"] == "holds"
+    assert judge({**CLAIM_D, "expect": "leaks"}, agg)["verdict"] == "holds"
+    assert judge({**CLAIM_D, "expect": "leaks"}, plain)["verdict"] == "not reproduced"
+    assert "3/3 recovered [95% 44%, 100%]" in judge(CLAIM_D, agg)["why"]
+
+
+def test_wilson_interval():
+    lo, hi = wilson(3, 3)
+    assert abs(lo - 0.4385) < 1e-3 and hi == 1.0
+    lo, hi = wilson(0, 5)
+    assert lo == 0.0 and abs(hi - 0.4345) < 1e-3
+    lo, hi = wilson(5, 10)
+    assert abs(lo - 0.2366) < 1e-3 and abs(hi - 0.7634) < 1e-3 and wilson(1, 0) is None
+
+
+def test_shipped_claims_name_their_setting_and_one_claim_has_one_setting_everywhere():
+    """A data check over the shipped suites: every claim states its paper's setting in words, and a claim made in
+    several suites is pinned to the same setting in each (so it cannot get two verdicts)."""
+    from pathlib import Path
+
+    seen = {}
+    for path in sorted((Path(__file__).resolve().parent.parent / "suites").glob("*.toml")):
+        for c in load_suite(path).claims:
+            assert c["setting"], f"{path.name}: claim {c['claim']!r} names no setting"
+            pin = (c["defense"], tuple(c["attacks"]), c["expect"], json.dumps([c["defense_params"], c["case"], c["attack_params"]], sort_keys=True))
+            prev = seen.setdefault(c["claim"], (path.name, pin))
+            assert prev[1] == pin, f"{c['claim']!r}: {prev[0]} and {path.name} judge it at different settings"
 
 
 def test_the_leaderboard_judges_the_claims_and_a_clone_rebuilds_them(tmp_path):
@@ -116,7 +170,7 @@ def test_the_leaderboard_judges_the_claims_and_a_clone_rebuilds_them(tmp_path):
     gleak.run(s, out, progress=False)
     md = (out / "leaderboard.md").read_text()
     section = md[md.index("## Published claims"):md.index("## Results by case")]
-    assert "| DGP stops analytic attacks |" in section and "falls: only to the adaptive attack" in section
+    assert "| DGP stops analytic attacks |" in section and "falls: only to the attack that knows the defense" in section
     assert "## Differential privacy: the bound beside the attacks" in section
     lb = pd.read_csv(out / "leaderboard.csv")
     by_case = pd.read_csv(out / "leaderboard_by_case.csv")
@@ -133,6 +187,32 @@ def test_the_leaderboard_judges_the_claims_and_a_clone_rebuilds_them(tmp_path):
     write_reports(out)
     md2 = (out / "leaderboard.md").read_text()
     assert md2[md2.index("## Published claims"):md2.index("## Results by case")] == section
+
+
+def test_leaderboard_claims_rejudges_edited_claims_without_rerunning(tmp_path, capsys):
+    """`gleak leaderboard DIR --claims SUITE`: the edited claims are judged on the stored trials (no trial runs);
+    a suite file of another suite is one line, exit 2, and changes nothing."""
+    import gleak
+    from gleak.cli import main
+
+    p = tmp_path / "s.toml"
+    p.write_text(HEAD + CLAIM)
+    out = tmp_path / "out"
+    gleak.run(load_suite(p), out, progress=False)
+    before = (out / "leaderboard.md").read_text()
+    assert "falls: only to the attack that knows the defense" in before
+    p.write_text(HEAD + CLAIM.replace('expect = "defended"', 'expect = "leaks"\nsetting = "edited"'))
+    assert main(["leaderboard", str(out), "--claims", str(p)]) == 0
+    after = (out / "leaderboard.md").read_text()
+    assert re.search(r"\|\s*edited\s*\|", after) and "holds: closed-form" in after and "falls: only" not in after
+    assert json.loads((out / "suite.json").read_text())["claims"][0]["setting"] == "edited"
+    other = tmp_path / "o.toml"
+    other.write_text(HEAD.replace('name = "c"', 'name = "other"') + CLAIM)
+    capsys.readouterr()
+    assert main(["leaderboard", str(out), "--claims", str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "'other'" in err and "'c'" in err, err
+    assert (out / "leaderboard.md").read_text() == after
 
 
 def test_dp_bound_doctests_and_kappa_bounds_every_guess():
