@@ -13,6 +13,23 @@ from gleak.protocols.cgd_training import PREACT_FRAC_BITS, InitLaw, Partition, V
 from gleak.secret_sharing import FixedPoint
 
 
+def _participants(
+    x: Tensor, y: Tensor, partition: Partition, sizes: list[int], deltas: Tensor, seed: int, init_law: InitLaw,
+) -> tuple[list[list[Tensor]], list[tuple[Tensor, Tensor]]]:  # fmt: skip
+    """Every participant's initial confined model (leaf tensors, float64) and its data, participant l = j * rows + i
+    holding sample block i on feature block j."""
+    rows, cols = partition.rows, partition.cols
+    sb, fb = blocks(len(y), rows), blocks(x.shape[1], cols)
+    models, data = [], []
+    for j, (flo, fhi) in enumerate(fb):
+        for i, (lo, hi) in enumerate(sb):
+            l = j * rows + i
+            init = participant_init(l, fhi - flo, fhi - flo, sizes, float(deltas[l]), seed, torch.float64, init_law)
+            models.append([t.clone().requires_grad_(True) for t in init])
+            data.append((x[lo:hi, flo:fhi].to(torch.float64), y[lo:hi]))
+    return models, data
+
+
 def reference_train(
     x: Tensor, y: Tensor, *, partition: Partition, sizes: list[int], deltas: Tensor, seed: int, alphas: list[float],
     mode: Literal["cgd", "local"] = "cgd", vertical: Vertical = "vfl", grad_scale: Literal["data", "local"] = "data",
@@ -32,16 +49,9 @@ def reference_train(
 
     fp = FixedPoint(frac_bits)
     rows, cols = partition.rows, partition.cols
-    sb, fb = blocks(len(y), rows), blocks(x.shape[1], cols)
     n, m = len(y), partition.m
     vfl = mode == "cgd" and vertical == "vfl" and cols > 1
-    models, data = [], []
-    for j, (flo, fhi) in enumerate(fb):
-        for i, (lo, hi) in enumerate(sb):
-            l = j * rows + i
-            init = participant_init(l, fhi - flo, fhi - flo, sizes, float(deltas[l]), seed, torch.float64, init_law)
-            models.append([t.clone().requires_grad_(True) for t in init])
-            data.append((x[lo:hi, flo:fhi].to(torch.float64), y[lo:hi]))
+    models, data = _participants(x, y, partition, sizes, deltas, seed, init_law)
 
     def add(values: list[Tensor], enc: FixedPoint = fp) -> Tensor:
         stacked = torch.stack([v.detach() for v in values])

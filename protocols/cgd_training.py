@@ -11,25 +11,8 @@ gradients (weight and bias: both are w^(1)) are summed within the feature group 
 every other layer across all participants (lines 23-29), by the secure sum; every participant steps its own model
 with alpha_k times the sums (lines 30-37).
 
-Two readings of Algorithm 2 (`vertical`; they coincide when cols = 1):
-- "vfl" (default): vertical federated learning. Participant (i, j) computes the partial first-layer pre-activation
-  xi_(i,j) w^(1)(i,j) + b^(1)(i,j) of every sample of its block; the cols partials of a sample are summed across
-  the feature groups of its sample block by the secure sum, and every participant of the block continues from that
-  summed pre-activation with its own upper layers. Its first-layer gradient (on its own features, from its own
-  loss) is then summed within l_j as the paper says. The model of participant (i, j) is its block's first layer on
-  ALL features (the cols participants' first-layer blocks side by side, their biases summed) followed by its own
-  upper layers, and that is the model evaluated, on all features of the test set. This is the reading that can give
-  the paper's vertical results, which equal its horizontal ones at the same m^h (Tables 3 and 8: (10x7) 96.5% vs
-  (10x1) 95.62%, although a (1000x112) participant holds 7 pixels). Privacy cost: an extra wire. Every iteration,
-  the secure sum of a sample block's partial pre-activations is revealed to the block's participants (and to the
-  aggregator running it): the summed first-layer pre-activation of every sample of the block, (samples x H_1) per
-  block per iteration, computed at the block's confined first layer. Colluders inside a block who subtract their
-  own partials learn the honest participants' summed partial pre-activations x_(honest features) w^(1)(honest) of
-  each sample; an attack on a vertical partition must be given that wire (in addition to the gradient sums).
-- "literal": lines 7-8 read literally: z = xi_(i,j) w^(1)(i,j), so each participant predicts from its own feature
-  block alone, in training and in evaluation (each confined model is evaluated on its own features of the test
-  set). Nothing crosses the wire but the gradient sums (no pre-activation exchange), but a participant holding d_j
-  of D features can only reach the accuracy of a model on those features (measured: local-training level).
+Two readings of Algorithm 2 (`vertical`: "vfl", the default, and "literal"; they coincide when cols = 1), with the
+extra wire the vfl reading puts in the open, are described in protocols/cgd_vertical.py.
 
 Why it is cheap: every participant steps with the same public sums, so w^l_k = w^l_1 + O_k with one offset O_k per
 group, shared by all. The first layer's pre-activation splits into X_l w^l_1 (fixed: computed once) plus X_l O_k
@@ -261,7 +244,14 @@ class ConfinedMLP:
         h1 = sizes[1]
         x = layout.x.to(dtype)
         self.x = x
-        # Per-sample weights of the loss: rows of the first-layer sums; upper layers get an extra 1/cols ("data").
+        self._loss_weights(mode, grad_scale)
+        self._draw_initial_models(h1)
+        self._zero_offsets(mode, h1)
+        self.iteration = 0
+
+    def _loss_weights(self, mode: str, grad_scale: str) -> None:
+        """Per-sample weights of the loss: rows of the first-layer sums; upper layers get an extra 1/cols ("data")."""
+        layout, dtype, p = self.layout, self.dtype, self.layout.partition
         counts = layout.counts.clamp_min(1).to(dtype)
         if mode == "local" or grad_scale == "local":
             self.w = layout.mask.to(dtype) / counts.unsqueeze(1)
@@ -271,7 +261,10 @@ class ConfinedMLP:
             self.w = layout.mask.to(dtype) / layout.n
             self.upper_scale = 1.0 / p.cols
             self.bias_scale = 1.0 / p.cols if self.vfl else 1.0  # a summed pre-activation carries cols biases
-        # Fixed part of the first layer: X_l w^l_1 + b^l_1, and the participants' initial upper layers.
+
+    def _draw_initial_models(self, h1: int) -> None:
+        """Fixed part of the first layer: X_l w^l_1 + b^l_1, and the participants' initial upper layers."""
+        m, s, x, dtype, sizes = self.m, self.s, self.x, self.dtype, self.sizes
         self.z0 = torch.empty(m, s, h1, dtype=dtype)
         n_upper = len(sizes) - 2
         self.upper_w = [torch.empty(m, sizes[r + 1], sizes[r + 2], dtype=dtype) for r in range(n_upper)]
@@ -281,6 +274,10 @@ class ConfinedMLP:
             self.z0[l] = x[l] @ params[0] + params[1]
             for r in range(n_upper):
                 self.upper_w[r][l], self.upper_b[r][l] = params[2 + 2 * r], params[3 + 2 * r]
+
+    def _zero_offsets(self, mode: str, h1: int) -> None:
+        """The offsets every step adds to: shared ones (cgd), or each participant's own (local training)."""
+        m, s, d, x, dtype, p = self.m, self.s, self.d, self.x, self.dtype, self.layout.partition
         # Local training keeps its own first-layer offset O_l directly where that is cheaper than O_l = X_l^T C_l
         # (the direct form costs 2 s d per unit and iteration, the row-space form s^2).
         self.direct = mode == "local" and 2 * d < s
@@ -298,7 +295,6 @@ class ConfinedMLP:
             self.coef = torch.zeros(m, s, h1, dtype=dtype)  # O_l = X_l^T C_l
             self.offb1 = torch.zeros(m, h1, dtype=dtype)
             self.gram = torch.bmm(x, x.transpose(1, 2))  # (m, s, s)
-        self.iteration = 0
 
     def _init(self, l: int) -> list[Tensor]:
         j = int(self.group[l])

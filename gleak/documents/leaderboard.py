@@ -65,9 +65,31 @@ def leaderboard_document(
 ) -> list[tuple]:  # fmt: skip
     """The leaderboard as blocks, rendered to Markdown and HTML alike: ("h1"|"h2"|"h3"|"p", text),
     ("table", header, rows), ("list", items), ("figure", relative path, caption)."""
+    vd, va = varying_keys(df, "defense"), varying_keys(df, "attack")
+    show_util = utility is not None and "accuracy" in dr.columns
+    doc = _intro_blocks(suite, description, df, rule)
+    doc += _defense_blocks(dr, vd, va, show_util)
+    if show_util:
+        doc += _utility_blocks(dr, utility, utility_cfg, vd)
+    doc += _attack_blocks(agg, dr, ar, vd, va)
+    if figures:
+        doc.append(("h2", "Figures"))
+        for rel, caption in figures:
+            doc.append(("figure", rel, caption))
+    doc += _case_blocks(agg, vd, va)
+    doc += _trouble_blocks(df)
+    footnotes = list(notes or [])
+    if df["mse"].notna().any() and not df["lpips"].notna().any():
+        footnotes.append(f"LPIPS is unavailable on the machine that ran this suite, so its column is empty. {LPIPS_HOWTO}.")
+    if footnotes:
+        doc += [("h2", "Notes"), ("list", footnotes)]
+    return doc
+
+
+def _intro_blocks(suite: str, description: str, df: pd.DataFrame, rule: str) -> list[tuple]:
+    """The title, the suite's description and how to read every number below."""
     ok, failed = int((df.status == "ok").sum()), int((~df.status.isin(DONE)).sum())
     n_a = int((df.status == NOT_APPLICABLE).sum())
-    vd, va = varying_keys(df, "defense"), varying_keys(df, "attack")
     doc: list[tuple] = [("h1", f"Leaderboard: {suite}")]
     if description:
         doc.append(("p", description.strip()))
@@ -81,7 +103,11 @@ def leaderboard_document(
         "and time: mean ± std [95% interval of the mean, Student t over seeds]. " + verdict_rule_text(rule)
         + " A group's verdict is the one at least half of its trials reach or exceed; 'recovered' is the share of "
         "its trials recovered. Ranks: equal values (to 0.01) share a rank."))  # fmt: skip
-    show_util = utility is not None and "accuracy" in dr.columns
+    return doc
+
+
+def _defense_blocks(dr: pd.DataFrame, vd: dict, va: dict, show_util: bool) -> list[tuple]:
+    """The defense ranking, and in words the defenses an attack gets through."""
     h = ["rank", "defense", "params", "worst attack", "worst case", "PSNR (median)", "PSNR mean ± std [95%]",
          "blind PSNR", "MSE (median)", "SSIM mean ± std", "LPIPS", "verdict", "recovered", "label acc (attack)",
          "grad dist"]  # fmt: skip
@@ -97,7 +123,7 @@ def leaderboard_document(
         if show_util:
             row += [fmt(r.get("accuracy"), "pct"), fmt(r.get("epsilon"), "2")]
         rows.append(row)
-    doc += [("h2", "Defenses, ranked by their worst case over attacks")]
+    doc: list[tuple] = [("h2", "Defenses, ranked by their worst case over attacks")]
     if show_util:
         doc.append(("p", "A defense is only as strong as the best attack against it. Accuracy and epsilon: see "
                          "'Utility' below."))  # fmt: skip
@@ -111,24 +137,31 @@ def leaderboard_document(
     if broken:
         doc.append(("p", "Broken: an attack recovers the victim's data (verdict recovered, by the rule above) through "
                          + "; ".join(broken) + "."))  # fmt: skip
+    return doc
 
-    if show_util:
-        doc.append(("h2", "Utility: accuracy under each defense, next to its worst-case leakage"))
-        if utility_cfg is not None:
-            doc.append(("p", _utility_intro(utility_cfg, utility)))
-        by_cfg = {(r["defense"], r["defense_params"]): r for _, r in dr.iterrows()}
-        rows = []
-        for _, u in utility.iterrows():
-            r = by_cfg.get((u["defense"], u["defense_params"]), {})
-            acc, base = as_float(u["accuracy"]), as_float(u["baseline_accuracy"])
-            delta = f"{100 * (acc - base):+.2f}" if acc is not None and base is not None else ""
-            rows.append([u["defense"], params_text(u["defense_params"], "defense", u["defense"], vd.get(u["defense"])),
-                         fmt(acc, "pct"), delta, fmt(as_float(u["epsilon"]), "2"), fmt(r.get("psnr"), "2"),
-                         text_of(r.get("worst_attack")), text_of(r.get("verdict")),
-                         text_of(u["error"]) if u["status"] != "ok" else ""])  # fmt: skip
-        doc.append(("table", ["defense", "params", "accuracy", "change (points)", "epsilon", "worst-case PSNR",
-                              "worst attack", "verdict", "error"], rows))  # fmt: skip
 
+def _utility_blocks(dr: pd.DataFrame, utility: pd.DataFrame, utility_cfg: Any, vd: dict) -> list[tuple]:
+    """Accuracy under each defense, next to its worst-case leakage."""
+    doc: list[tuple] = [("h2", "Utility: accuracy under each defense, next to its worst-case leakage")]
+    if utility_cfg is not None:
+        doc.append(("p", _utility_intro(utility_cfg, utility)))
+    by_cfg = {(r["defense"], r["defense_params"]): r for _, r in dr.iterrows()}
+    rows = []
+    for _, u in utility.iterrows():
+        r = by_cfg.get((u["defense"], u["defense_params"]), {})
+        acc, base = as_float(u["accuracy"]), as_float(u["baseline_accuracy"])
+        delta = f"{100 * (acc - base):+.2f}" if acc is not None and base is not None else ""
+        rows.append([u["defense"], params_text(u["defense_params"], "defense", u["defense"], vd.get(u["defense"])),
+                     fmt(acc, "pct"), delta, fmt(as_float(u["epsilon"]), "2"), fmt(r.get("psnr"), "2"),
+                     text_of(r.get("worst_attack")), text_of(r.get("verdict")),
+                     text_of(u["error"]) if u["status"] != "ok" else ""])  # fmt: skip
+    doc.append(("table", ["defense", "params", "accuracy", "change (points)", "epsilon", "worst-case PSNR",
+                          "worst attack", "verdict", "error"], rows))  # fmt: skip
+    return doc
+
+
+def _attack_blocks(agg: pd.DataFrame, dr: pd.DataFrame, ar: pd.DataFrame, vd: dict, va: dict) -> list[tuple]:
+    """The attack ranking and each attack's best result against each defense."""
     rows = [[str(r["rank"]), r["attack"], params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
              fmt(r["psnr_undefended"], "2"), mean_std(r, "psnr_undefended", "2", ci=True), fmt(r["best_psnr"], "2"),
              text_of(r["defenses_recovered"]), fmt(r["label_acc_undefended"], "3"), mean_std(r, "seconds", "2", mean_key="seconds"),
@@ -136,19 +169,18 @@ def leaderboard_document(
             for _, r in ar.iterrows()]  # fmt: skip
     h = ["rank", "attack", "params", "PSNR undefended (median)", "mean ± std [95%]", "best PSNR", "configs recovered",
          "label acc undefended", "seconds per trial", "threat model (needs)"]  # fmt: skip
-    doc += [("h2", "Attacks, ranked by their results against the undefended baseline"), ("table", h, rows)]
+    doc: list[tuple] = [("h2", "Attacks, ranked by their results against the undefended baseline"), ("table", h, rows)]
     mh, mrows = attack_defense_matrix(agg, dr, vd, va)
     doc += [("h2", "Each attack's best result against each defense"),
             ("p", "Median PSNR (dB) of the attack's best case, with its verdict; label-only attacks: "
                   "their best label accuracy. Defenses in ranking order."),
             ("table", mh, mrows)]  # fmt: skip
+    return doc
 
-    if figures:
-        doc.append(("h2", "Figures"))
-        for rel, caption in figures:
-            doc.append(("figure", rel, caption))
 
-    doc.append(("h2", "Results by case"))
+def _case_blocks(agg: pd.DataFrame, vd: dict, va: dict) -> list[tuple]:
+    """Every aggregated group, one table per case, with the blind guess's scores on the same batches first."""
+    doc: list[tuple] = [("h2", "Results by case")]
     for case_key, g in agg.groupby(CASE_KEYS + ["variant"], sort=False):
         variant = f" {case_key[3]}" if case_key[3] else ""
         doc.append(("h3", f"dataset={case_key[0]} model={case_key[1]} batch size={case_key[2]}{variant}"))
@@ -168,19 +200,20 @@ def leaderboard_document(
                   fmt(r["recovered"], "pct"), text_of(r["verdict"]), mean_std(r, "seconds", "2", mean_key="seconds"),
                   fmt(r["grad_dist"], "3"), extras_text(r["extra"])] for _, r in g.iterrows()]  # fmt: skip
         doc.append(("table", h, rows))
-    if n_a:
+    return doc
+
+
+def _trouble_blocks(df: pd.DataFrame) -> list[tuple]:
+    """The trials that did not apply (UnsupportedCase) and those that failed, with why, counted."""
+    doc: list[tuple] = []
+    if int((df.status == NOT_APPLICABLE).sum()):
         why = df[df.status == NOT_APPLICABLE].groupby(["attack", "defense", "error"], dropna=False).size().reset_index(name="n")
         doc += [("h2", "Not applicable"), ("table", ["attack", "defense", "reason", "trials"],
                  [[r["attack"], r["defense"], str(r["error"]), str(r["n"])] for _, r in why.iterrows()])]  # fmt: skip
-    if failed:
+    if int((~df.status.isin(DONE)).sum()):
         errs = df[~df.status.isin(DONE)].groupby(["attack", "defense", "error"], dropna=False).size().reset_index(name="n")
         doc += [("h2", "Failed trials"), ("table", ["attack", "defense", "error", "trials"],
                  [[r["attack"], r["defense"], str(r["error"]), str(r["n"])] for _, r in errs.iterrows()])]  # fmt: skip
-    footnotes = list(notes or [])
-    if df["mse"].notna().any() and not df["lpips"].notna().any():
-        footnotes.append(f"LPIPS is unavailable on the machine that ran this suite, so its column is empty. {LPIPS_HOWTO}.")
-    if footnotes:
-        doc += [("h2", "Notes"), ("list", footnotes)]
     return doc
 
 
