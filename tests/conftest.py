@@ -7,16 +7,35 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny models: one thread is faster than two, and far faster when other processes load the cores. Use with
-    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+@pytest.fixture(scope="session", autouse=True)
+def _torch_one_thread():
+    """Every test runs torch on one thread: the models are tiny, so one thread is faster than two and far faster
+    when other processes load the cores, and a result does not depend on the machine's core count (torch's
+    reductions split their work by thread count). Inter-op threads too, where torch still allows it (only before
+    its first inter-op work). Trials in worker processes pin themselves (`gleak run --threads`, default 1)."""
     import torch
 
-    before = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # inter-op work has started already: torch refuses a change
+        pass
     yield
-    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _torch_stays_on_one_thread():
+    """A test that changes torch's thread count (an API call with threads=N) hands the next test one thread again."""
+    yield
+    import torch
+
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+@pytest.fixture
+def one_thread():
+    """Kept for modules that still ask for it by name: `_torch_one_thread` pins every test already."""
 
 
 @pytest.fixture

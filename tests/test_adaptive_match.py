@@ -13,7 +13,6 @@ from gleak.registry import ParamError, check_params
 from gleak.threat import DefenseDescription, Knowledge, Update
 from gleak.trial import execute
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 MLP8 = CaseConfig(dataset="skimage", model="mlp", resolution=8)  # 256 ReLU units on 8x8 colour crops
 SEEDS = (0, 1, 2)

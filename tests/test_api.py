@@ -9,7 +9,6 @@ import pytest
 import gleak
 from gleak.errors import InputError
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parent.parent
 
 SUITE = """

@@ -6,7 +6,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -95,14 +94,14 @@ def test_failed_trials_exit_1_and_say_why(tmp_path, gleak_cmd, run_env):
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory):
-    """A good suite and the folder its run wrote."""
-    from conftest import _env
+    """A good suite and the folder its run wrote (in this process: what is tested is the bad runs after it)."""
+    from gleak.cli import main
 
     root = tmp_path_factory.mktemp("good")
     good = root / "good.toml"
     good.write_text(SMALL.replace("seeds = [0, 1]", "seeds = [0]").replace("batch_size = [1, 2]", "batch_size = 1"))
     out = root / "out"
-    assert _run([sys.executable, "-m", "gleak"], ["run", str(good), "--out", str(out), "--no-progress"], _env()).returncode == 0
+    assert main(["run", str(good), "--out", str(out), "--no-progress", "--in-process"]) == 0
     return good, out
 
 
@@ -119,18 +118,27 @@ def good_run(tmp_path_factory):
         (lambda s: s + "\n[[defense]\n", "not valid TOML"),
     ],
 )
-def test_bad_input_is_one_line_exit_2_and_changes_nothing(tmp_path, good_run, gleak_cmd, run_env, edit, needle):
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(tmp_path, good_run, gleak_cmd, run_env, capfd, edit, needle):
+    """Each bad suite in this process (cli.main, as `python -m gleak` calls it); the first also as a subprocess, the
+    user's own exit code and stderr."""
+    from gleak.cli import main
+
     good, done = good_run
     out = tmp_path / "out"
     shutil.copytree(done, out)  # a folder a good run wrote (once for all cases: each bad run gets its own copy)
     digest = _tree_digest(out)
     bad = tmp_path / "bad.toml"
     bad.write_text(edit(good.read_text()))
-    r = _run(gleak_cmd, ["run", str(bad), "--out", str(out), "--no-progress"], run_env)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(bad) in lines[0] and needle in lines[0], lines
-    assert _tree_digest(out) == digest
+    capfd.readouterr()
+    runs = [(main(["run", str(bad), "--out", str(out), "--no-progress"]), capfd.readouterr().err)]
+    if "closed-from" in needle:
+        r = _run(gleak_cmd, ["run", str(bad), "--out", str(out), "--no-progress"], run_env)
+        runs.append((r.returncode, r.stderr))
+    for code, err in runs:
+        assert code == 2, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and str(bad) in lines[0] and needle in lines[0], lines
+        assert _tree_digest(out) == digest
 
 
 def test_plugin_file_that_does_not_import_is_exit_2(tmp_path, gleak_cmd, run_env):

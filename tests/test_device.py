@@ -11,7 +11,6 @@ import gleak
 from gleak import device as devices
 from gleak.errors import InputError
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parent.parent
 NO_CUDA = not torch.cuda.is_available()
 

@@ -15,9 +15,6 @@ from gleak.trial import run_trial
 from gleak.utility import accounting, load_utility_data, run_utility
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def _mlp_batch(n=6, seed=0):
     g = torch.Generator().manual_seed(seed)
     model = create_model("mlp", (1, 8, 8), 4, seed=seed, hidden=[16])

@@ -16,8 +16,6 @@ from gleak.threat import Reconstruction
 from gleak.trial import execute
 from gleak.utility import federated_training
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def _wrapped(seed=0, latent=8):
     model = create_model("mlp", (1, 6, 6), 4, seed=seed, dtype=torch.float64, hidden=[16])

@@ -10,7 +10,6 @@ from gleak.api import trial_config
 from gleak.progress import line_printer, reporting
 from gleak.trial import run_trial
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parent.parent
 CASE = dict(dataset="skimage", model="mlp", model_params={"hidden": [16]}, resolution=8, batch_size=1)
 

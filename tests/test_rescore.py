@@ -3,6 +3,7 @@ from the committed files of a results folder (issue 11)."""
 import shutil
 import sqlite3
 import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -31,15 +32,13 @@ sigma = [0.01]
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    import os
-
-    from tests.conftest import _env
+    from conftest import _env
 
     d = tmp_path_factory.mktemp("resc")
     (d / "s.toml").write_text(SUITE)
     env = {**_env(), "OMP_NUM_THREADS": "1"}
-    subprocess.run(["python", "-m", "gleak", "run", str(d / "s.toml"), "--out", str(d / "out"), "--no-progress"],
-                   check=True, env=env, capture_output=True, cwd=os.getcwd())  # fmt: skip
+    subprocess.run([sys.executable, "-m", "gleak", "run", str(d / "s.toml"), "--out", str(d / "out"), "--no-progress"],
+                   check=True, env=env, capture_output=True)  # fmt: skip
     return d / "out"
 
 

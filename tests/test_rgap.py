@@ -13,7 +13,6 @@ from gleak.protocol import batch_gradient
 from gleak.threat import Knowledge, Observation, Update
 from gleak.trial import execute
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 SEEDS = (0, 1, 2)
 
 

@@ -26,10 +26,6 @@ TINY = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [32
                      training_rounds=6, batch_size=8, server_lr=0.1)  # fmt: skip
 
 
-# Utility runs use one torch thread (gleak.utility.run_utilities does the same).
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 @gleak.register_defense("test-counting")
 class Counting(Defense):
     """Test defense: counts transforms and resets (class-level, so that every client's instance adds up)."""
