@@ -94,3 +94,72 @@ def test_guess_values_keeps_a_variance_positive():
     mine = copy.deepcopy(bn)
     guess_values(mine, bn, 0)
     assert (mine.running_var > 1).all() and (mine.weight > 1).all() and (mine.bias > 0).all()
+
+
+# ---- secret sharing: the transcript the parties exchange --------------------------------------------------------
+def _uniform_p(values, bits: int = 4) -> float:
+    """Chi-square p-value that ring elements are uniform, by their top and by their low `bits` bits (the smaller)."""
+    from scipy.stats import chisquare
+
+    from gleak.secret_sharing import RING_BITS
+
+    codes = [(values >> (RING_BITS - bits)).long(), (values & ((1 << bits) - 1)).long()]
+    return min(float(chisquare(torch.bincount(c, minlength=1 << bits).numpy()).pvalue) for c in codes)
+
+
+def _run(secrets, draws, seed):
+    from gleak.secret_sharing import run_protocol
+
+    g = torch.Generator().manual_seed(seed)
+    return run_protocol(torch.tensor(secrets, dtype=torch.int64).unsqueeze(1).expand(len(secrets), draws).contiguous(), g)
+
+
+def test_what_each_party_and_the_aggregator_receive_is_uniform_and_only_the_sum_is_revealed():
+    from gleak.secret_sharing import MODULUS
+
+    secrets = [5, 77, 123456, 2**31 + 9]
+    t = _run(secrets, 20000, 0)
+    m = len(secrets)
+    assert torch.equal(t.total, torch.full((20000,), sum(secrets) % MODULUS))  # the sum, exactly
+    # the aggregator received E^j, the sum of the shares party j received: read from the transcript, not rebuilt
+    assert torch.equal(t.partial, torch.remainder(t.shares.sum(0), MODULUS))
+    for j in range(m):
+        assert not torch.equal(t.partial[j], torch.full_like(t.partial[j], secrets[j]))  # no secret in the clear
+    for j in range(m - 1):  # any m - 1 partial sums are uniform (the last is fixed by the total)
+        assert _uniform_p(t.partial[j]) > 1e-4, j
+        assert _uniform_p(torch.remainder(t.partial[j] - t.partial[j + 1], MODULUS)) > 1e-4, j
+    for i in range(m):  # each share party i sends another party is uniform
+        for j in range(m - 1):
+            assert _uniform_p(t.shares[i, j]) > 1e-4, (i, j)
+
+
+def test_the_aggregators_view_has_one_law_for_two_splits_of_one_sum():
+    from scipy.stats import chi2_contingency
+
+    a, b = _run([10, 20, 30, 40], 20000, 1), _run([99, 1, 0, 0], 20000, 2)  # both sum to 100
+    for j in range(3):
+        for code in (lambda v: (v >> 28).long(), lambda v: (v & 15).long()):
+            table = torch.stack([torch.bincount(code(a.partial[j]), minlength=16), torch.bincount(code(b.partial[j]), minlength=16)])
+            assert float(chi2_contingency(table.numpy())[1]) > 1e-4, j
+
+
+def test_cgd_runs_the_share_protocol_and_its_aggregator_sees_only_the_honest_sum(monkeypatch):
+    """Through CGD's own secure sum (the protocol's observe): every transcript it runs shows the aggregator uniform
+    partial sums, and the view is the fixed-point sum of the honest participants' scaled gradients."""
+    from gleak import secret_sharing
+    from gleak.registry import create
+    from gleak.threat import Update
+
+    seen = []
+    real = secret_sharing.run_protocol
+    monkeypatch.setattr(secret_sharing, "run_protocol", lambda s, g: seen.append(real(s, g)) or seen[-1])
+    g = torch.Generator().manual_seed(0)
+    sent = [Update({"w": torch.randn(40, 50, generator=g, dtype=torch.float64)}, "gradient", n) for n in (1, 2, 3, 4)]
+    proto = create("protocol", "cgd", colluders=1)
+    view = proto.observe(sent, torch.Generator().manual_seed(1))
+    assert seen and all(t.shares.shape[:2] == (4, 4) for t in seen)
+    partial = torch.cat([t.partial for t in seen], 1)  # (4 parties, 2000 coordinates)
+    for j in range(3):
+        assert _uniform_p(partial[j]) > 1e-4
+    honest = sum(u.flat() * u.num_samples / 10 for u in sent[:3])  # grad_scale "data": n_i / n; the colluder's removed
+    assert torch.allclose(view.flat(), honest, atol=4 * 2.0**-24) and view.num_samples == 6
