@@ -163,3 +163,33 @@ def test_cgd_runs_the_share_protocol_and_its_aggregator_sees_only_the_honest_sum
         assert _uniform_p(partial[j]) > 1e-4
     honest = sum(u.flat() * u.num_samples / 10 for u in sent[:3])  # grad_scale "data": n_i / n; the colluder's removed
     assert torch.allclose(view.flat(), honest, atol=4 * 2.0**-24) and view.num_samples == 6
+
+
+# ---- privacy spent: a trial's epsilon ---------------------------------------------------------------------------
+def _stepped_epsilon(z: float, steps: int, delta: float = 1e-5) -> float:
+    from opacus.accountants import RDPAccountant
+
+    acc = RDPAccountant()
+    for _ in range(steps):  # opacus' accountant stepped once per noisy step, as its PrivacyEngine does
+        acc.step(noise_multiplier=z, sample_rate=1.0)
+    return float(acc.get_epsilon(delta=delta))
+
+
+@pytest.mark.parametrize("case, steps", [
+    ({"warmup_rounds": 0}, 1),
+    ({"warmup_rounds": 3}, 4),  # FedSGD: one noisy step per round, three warm-up rounds and the attacked one
+    ({"warmup_rounds": 1, "update": "fedavg", "local_steps": 3}, 6),  # FedAvg: every local step is noisy
+])  # fmt: skip
+def test_a_trials_epsilon_is_the_accountants_after_the_noisy_steps_it_took(case, steps):
+    import json
+
+    from gleak.api import trial_config
+    from gleak.trial import run_trial
+
+    cfg = trial_config("closed-form", {"name": "noise", "mode": "dp", "noise_multiplier": 1.3}, dataset="skimage",
+                       model="mlp", model_params={"hidden": [16]}, resolution=8, batch_size=2, **case)  # fmt: skip
+    row = run_trial(cfg)
+    assert row["status"] == "ok", row["error"]
+    eps = json.loads(row["extra"])["epsilon"]
+    assert eps == pytest.approx(_stepped_epsilon(1.3, steps), rel=1e-9)
+    assert eps != pytest.approx(_stepped_epsilon(1.3, steps + 1), rel=1e-3)
