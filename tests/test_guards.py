@@ -193,3 +193,43 @@ def test_a_trials_epsilon_is_the_accountants_after_the_noisy_steps_it_took(case,
     eps = json.loads(row["extra"])["epsilon"]
     assert eps == pytest.approx(_stepped_epsilon(1.3, steps), rel=1e-9)
     assert eps != pytest.approx(_stepped_epsilon(1.3, steps + 1), rel=1e-3)
+
+
+# ---- resume: a rerun retries what failed ------------------------------------------------------------------------
+RESUME_SUITE = """
+[suite]
+name = "resume"
+seeds = [0, 1, 2]
+save_images = false
+[case]
+dataset = "skimage"
+model = "mlp"
+model_params = { hidden = [8] }
+resolution = 8
+batch_size = 1
+[[attack]]
+name = "closed-form"
+[[defense]]
+name = "none"
+"""
+
+
+def test_a_rerun_retries_the_failed_trials_and_only_them(tmp_path):
+    import sqlite3
+
+    from gleak.runner import run_suite
+    from gleak.suite import load_suite
+
+    (tmp_path / "s.toml").write_text(RESUME_SUITE)
+    suite = load_suite(tmp_path / "s.toml")
+    out = tmp_path / "out"
+    first = run_suite(suite, out, progress=False, in_process=True)
+    assert (first.ran, first.skipped, first.failed) == (3, 0, 0)
+    victim = suite.trials[1].trial_id
+    with sqlite3.connect(out / "results.sqlite") as db:  # as if it had failed (a crash, a time limit)
+        db.execute("UPDATE trials SET status = 'failed', error = 'killed', mse = NULL WHERE trial_id = ?", (victim,))
+    again = run_suite(suite, out, progress=False, in_process=True)
+    assert (again.ran, again.skipped, again.failed) == (1, 2, 0)
+    with sqlite3.connect(out / "results.sqlite") as db:
+        assert db.execute("SELECT status, mse IS NOT NULL FROM trials WHERE trial_id = ?", (victim,)).fetchone() == ("ok", 1)
+    assert run_suite(suite, out, progress=False, in_process=True).ran == 0  # nothing left to do
