@@ -233,3 +233,28 @@ def test_a_rerun_retries_the_failed_trials_and_only_them(tmp_path):
     with sqlite3.connect(out / "results.sqlite") as db:
         assert db.execute("SELECT status, mse IS NOT NULL FROM trials WHERE trial_id = ?", (victim,)).fetchone() == ("ok", 1)
     assert run_suite(suite, out, progress=False, in_process=True).ran == 0  # nothing left to do
+
+
+# ---- CGD: the engine against Algorithm 2 on unequal sample blocks ------------------------------------------------
+@pytest.mark.parametrize("n, rows, cols", [(11, 3, 1), (10, 4, 1), (11, 3, 2)])
+@pytest.mark.parametrize("secure_sum", ["float", "protocol"])
+def test_the_cgd_engine_is_algorithm_2_on_unequal_sample_blocks(n, rows, cols, secure_sum):
+    """Each sample block's gradient enters the sum weighted n_i / n (its share of the data): blocks of unequal size
+    tell that apart from 1 / m per block, which equal blocks cannot."""
+    from gleak.defenses.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout, reference_train, step_size
+
+    g = torch.Generator().manual_seed(n + rows)
+    x, y = torch.randn(n, 7, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
+    part, sizes, seed, iters = Partition(rows, cols), [7, 5, 3], 2, 3
+    layout = make_layout(x, y, part)
+    assert len(set(layout.counts.tolist())) > 1  # the blocks are unequal
+    deltas = init_deltas(part.m, 0.05, None, seed)
+    alphas = [step_size(k, 0.5) for k in range(1, iters + 1)]
+    net = ConfinedMLP(layout, sizes, deltas, seed, mode="cgd", secure_sum=secure_sum, dtype=torch.float64)
+    for a in alphas:
+        net.step(a)
+    ref = reference_train(x, y, partition=part, sizes=sizes, deltas=deltas, seed=seed, alphas=alphas, mode="cgd",
+                          secure_sum=secure_sum)  # fmt: skip
+    for l in range(part.m):
+        for got, want in zip(net.participant_params(l), ref[l]):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
