@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gleak.attribution import attribute_measured_configuration
-from gleak.metrics import PSNR_CEILING, VERDICT_ORDER, verdict, verdict_mse
+from gleak.metrics import PSNR_CEILING, VERDICT_ORDER, trial_verdict
 from gleak.store import DONE, NOT_APPLICABLE
 
 
@@ -96,20 +96,22 @@ def extra_value(js: Any, key: str) -> float | None:
 
 
 def apply_verdicts(df: pd.DataFrame, rule: str = "margin") -> pd.DataFrame:
-    """Each trial's verdict under the suite's rule (gleak.metrics.verdict), from its MSE, its blind guess's MSE
-    (extra.blind_mse) and whether every image had a reconstruction; blind_* columns from extra beside it."""
+    """Each trial's verdict under the suite's rule: the stored one where the row was judged by that rule (extra
+    verdict_rule), else gleak.metrics.trial_verdict on its stored scores (rows from before the rule was stored, or
+    judged for a suite with another rule); blind_* columns from extra beside it."""
     df = df.copy()
     for k in ("blind_mse", "blind_psnr", "blind_ssim", "half_mse"):
         df[k] = [extra_value(js, k) for js in df["extra"]] if "extra" in df else None
+    rules = [json.loads(js).get("verdict_rule") if isinstance(js, str) and js else None for js in df.get("extra", [None] * len(df))]
     verdicts = []
-    for _, r in df.iterrows():
+    for (_, r), row_rule in zip(df.iterrows(), rules):
         if r.get("status") != "ok" or as_float(r.get("mse")) is None:
             verdicts.append(None)
-            continue
-        matched, size = as_float(r.get("matched")), as_float(r.get("batch_size"))
-        complete = matched is None or size is None or matched >= size
-        m = verdict_mse(float(r["mse"]), as_float(r.get("half_mse")), rule)
-        verdicts.append(verdict(m, as_float(r.get("blind_mse")), rule, complete))
+        elif row_rule == rule and isinstance(r.get("verdict"), str):  # judged by this rule when it was scored
+            verdicts.append(r["verdict"])
+        else:
+            verdicts.append(trial_verdict(r["mse"], r.get("half_mse"), r.get("blind_mse"), r.get("matched"),
+                                          r.get("batch_size"), rule))  # fmt: skip
     df["verdict"] = verdicts
     return df
 

@@ -176,6 +176,9 @@ class TrialConfig:
     defense_params: dict[str, Any]
     case: CaseConfig
     seed: int
+    # The suite's verdict rule (gleak.metrics.VERDICT_RULES): how the trial judges what it computed, stored with its
+    # verdict; not part of what it computes, so not of its id.
+    verdict: str = "margin"
 
     def identity(self) -> dict[str, Any]:
         """What the trial computes: everything but the suite's name. Plugin names enter as their identity names,
@@ -210,13 +213,15 @@ class TrialConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_json(self) -> str:
-        return json.dumps({"suite": self.suite, **self.identity()}, sort_keys=True, default=str)
+        rule = {} if self.verdict == "margin" else {"verdict": self.verdict}  # the default unwritten: older configs
+        return json.dumps({"suite": self.suite, **self.identity(), **rule}, sort_keys=True, default=str)
 
     @staticmethod
     def from_json(text: str) -> "TrialConfig":
         d = json.loads(text)
         return TrialConfig(
-            d["suite"], d["attack"], d["attack_params"], d["defense"], d["defense_params"], CaseConfig.from_dict(d["case"]), d["seed"]
+            d["suite"], d["attack"], d["attack_params"], d["defense"], d["defense_params"], CaseConfig.from_dict(d["case"]), d["seed"],
+            d.get("verdict", "margin"),
         )
 
 

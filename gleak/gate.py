@@ -9,6 +9,7 @@ knowledge each needs; a field it does not list never reaches an attack). Earlier
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -49,17 +50,54 @@ def attacker_knowledge(
 
 
 def observer_model(attack: Attack, model: nn.Module | None, cfg: TrialConfig) -> nn.Module | None:
-    """The attacker's copy of the model: structure if it needs the architecture, weights only if it needs them."""
+    """The attacker's copy of the model: structure if it needs the architecture, weights only if it needs them.
+
+    Without "parameters" every value is a guess (`guess_values`): the attacker knows the architecture and its init
+    law, never the victim's values."""
     if model is None or ("architecture" not in attack.needs and "parameters" not in attack.needs):
         return None
     mine = copy.deepcopy(model)
     if "parameters" not in attack.needs:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(cfg.seed, "attacker-guess"))
+        guess_values(mine, model, cfg.seed)
+    return mine
+
+
+def _guess_scale(t: torch.Tensor) -> float:
+    """1 / sqrt(fan in): the scale of PyTorch's default init for a weight (fan in: the elements of one output row;
+    of a vector or scalar, all its elements)."""
+    fan_in = t[0].numel() if t.dim() >= 2 and len(t) else max(t.numel(), 1)
+    return 1.0 / math.sqrt(fan_in)
+
+
+def guess_values(mine: nn.Module, victim: nn.Module, seed: int) -> None:
+    """Replace every value of `mine` (a copy of `victim`) by the attacker's guess, in place.
+
+    1. Each module with a `reset_parameters` (the architecture's own init law) re-draws its parameters from torch's
+       generator seeded by the trial's "attacker-guess" stream, in module order.
+    2. Each floating-point parameter or buffer that still equals the victim's after that is drawn afresh from the
+       "attacker-guess/rest" stream, with s = 1 / sqrt(fan in) (`_guess_scale`): a tensor no reset touched (a custom
+       nn.Parameter or buffer of a module without `reset_parameters`) becomes N(0, s^2); one a reset set to the
+       victim's own values (an untrained model's deterministic init: BatchNorm's ones and zeros, its running
+       statistics) becomes that value plus |N(0, s^2)| (plus the absolute value, so that a variance stays positive).
+    Integer buffers (BatchNorm's step counter) are counters, not data: reset where their module resets, else kept.
+    So no floating value of the victim's model reaches an attack that did not declare "parameters"."""
+    with torch.no_grad():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, "attacker-guess"))
             for m in mine.modules():
                 if hasattr(m, "reset_parameters"):
                     m.reset_parameters()
-    return mine
+        rng = torch.Generator().manual_seed(derive_seed(seed, "attacker-guess/rest"))
+        reset = {id(t) for m in mine.modules() if hasattr(m, "reset_parameters")
+                 for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]}  # fmt: skip
+        theirs = dict(victim.named_parameters(remove_duplicate=True)) | dict(victim.named_buffers(remove_duplicate=True))
+        named = dict(mine.named_parameters(remove_duplicate=True)) | dict(mine.named_buffers(remove_duplicate=True))
+        for name, t in named.items():
+            if not t.is_floating_point() or not torch.equal(t, theirs[name].to(t.device)):
+                continue
+            noise = torch.randn(t.shape, generator=rng, dtype=torch.float64) * _guess_scale(t)
+            new = t.detach().cpu().double() + noise.abs() if id(t) in reset else noise
+            t.copy_(new.to(t.dtype))
 
 
 def gate_update(update: Update, needs: frozenset[str] | set[str]) -> Update:

@@ -17,6 +17,9 @@ Scoring rules (the leaderboard states them):
   RECOVERED_MARGIN_DB over the blind guess AND a reconstruction for every image of the batch; partial needs
   MSE < 0.2 and at least PARTIAL_MARGIN_DB over the blind guess; else defended. Rule "seed002": the MSE bands
   alone (DLG Fig. 6 as used in seed 002), kept so that suites reproducing seed 002 are judged by its rule.
+- One verdict per trial: `trial_verdict`. The trial computes it under its suite's rule and stores the rule beside it
+  (extra verdict_rule); `gleak rescore` and the leaderboard call the same function, so a stored verdict reads the
+  same before and after a rescore.
 
 >>> import torch
 >>> a = torch.zeros(1, 1, 4, 4); b = torch.full((1, 1, 4, 4), 0.1)
@@ -26,6 +29,8 @@ Scoring rules (the leaderboard states them):
 ('recovered', 'partial', 'defended')
 >>> verdict(0.01, blind_mse=0.05), verdict(0.001, blind_mse=0.05), verdict(0.001, blind_mse=0.05, rule="seed002")
 ('partial', 'recovered', 'recovered')
+>>> verdict(0.01, blind_mse=0.0), verdict(0.0, blind_mse=0.0), verdict(0.0, blind_mse=0.05)
+('defended', 'defended', 'recovered')
 """
 from __future__ import annotations
 
@@ -142,9 +147,21 @@ def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
+def _gain_db(m: float, blind: float) -> float:
+    """How far (dB) the attack's MSE `m` is under the blind guess's `blind`: 10 log10(blind / m). An exact recovery
+    (m = 0) beats any blind guess that is not exact itself (+inf); a blind guess that is exact (the images all equal
+    the mean image) cannot be beaten (-inf for m > 0, 0 dB for m = 0: no gain over it)."""
+    if m > 0 and blind > 0:
+        return 10 * math.log10(blind / m)
+    if m == 0:
+        return math.inf if blind > 0 else 0.0
+    return -math.inf
+
+
 def verdict(mse_value: float | None, blind_mse: float | None = None, rule: str = "margin", complete: bool = True) -> str | None:
-    """The verdict of one trial (see the module docstring). `blind_mse`: the blind guess's MSE on the same batch
-    (None: unknown, the bands alone decide); `complete`: every image of the batch had a reconstruction."""
+    """The verdict band of one MSE (see the module docstring). `blind_mse`: the blind guess's MSE on the same batch
+    (None: unknown, the bands alone decide); `complete`: every image of the batch had a reconstruction. A trial's
+    verdict is `trial_verdict`, which picks the MSE this reads."""
     if rule not in VERDICT_RULES:
         raise ValueError(f"verdict rule must be one of {', '.join(VERDICT_RULES)}, got {rule!r}")
     if _missing(mse_value):
@@ -153,7 +170,7 @@ def verdict(mse_value: float | None, blind_mse: float | None = None, rule: str =
     if rule == "seed002" or _missing(blind_mse):
         band = "recovered" if m < RECOVERED_MSE else "partial" if m < PARTIAL_MSE else "defended"
     else:
-        gain = 10 * math.log10(float(blind_mse) / m) if m > 0 else math.inf
+        gain = _gain_db(m, float(blind_mse))
         if m < RECOVERED_MSE and gain >= RECOVERED_MARGIN_DB:
             band = "recovered"
         elif m < PARTIAL_MSE and gain >= PARTIAL_MARGIN_DB:
@@ -163,6 +180,19 @@ def verdict(mse_value: float | None, blind_mse: float | None = None, rule: str =
     if band == "recovered" and not complete:  # an image the attack did not return was not recovered
         band = "partial"
     return band
+
+
+def trial_verdict(mse_value: float | None, half_mse: float | None, blind_mse: float | None, matched: Any,
+                  batch_size: Any, rule: str = "margin") -> str | None:  # fmt: skip
+    """A trial's verdict under `rule`, from what its row stores: the batch-mean MSE, the MSE at least half of the
+    batch reaches (extra.half_mse), the blind guess's MSE (extra.blind_mse), the images paired with one of the
+    attack's reconstructions (matched) and the batch size. The one verdict of a trial: the trial (`score`),
+    `gleak rescore` and the leaderboard (for a row stored under another rule) all call it. Unknown matched or
+    batch size: taken as complete (rows stored before `matched` existed)."""
+    if _missing(mse_value):
+        return None
+    complete = _missing(matched) or _missing(batch_size) or float(matched) >= float(batch_size)
+    return verdict(verdict_mse(mse_value, half_mse, rule), blind_mse, rule, complete)
 
 
 def verdict_rule_text(rule: str) -> str:
@@ -310,8 +340,7 @@ def score(
     # The MSE that at least half of the batch's images reach (the ceil(n/2)-th smallest): a batch of which half is
     # recovered exactly (the imprint's bins) leaks, though its mean MSE is that of the images it missed.
     out["blind"]["half_mse"] = float(m.sort().values[(n + 1) // 2 - 1])
-    out["verdict"] = verdict(verdict_mse(out["mse"], out["blind"]["half_mse"], rule), out["blind"]["blind_mse"], rule,
-                             complete=out["matched"] == n)  # fmt: skip
+    out["verdict"] = trial_verdict(out["mse"], out["blind"]["half_mse"], out["blind"]["blind_mse"], out["matched"], n, rule)
     return out
 
 

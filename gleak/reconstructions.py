@@ -60,22 +60,26 @@ def parse_metrics(text: str | None) -> list[str]:
 
 def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[str], lpips_weights: str | None = None,
                  rule: str = "margin") -> list[tuple[str, dict[str, Any], dict[str, Any]]]:  # fmt: skip
-    """For each (trial_id, arrays, stored extra JSON): (trial_id, new column values, new extra) for `metrics`."""
+    """For each (trial_id, arrays, stored extra JSON): (trial_id, new column values, new extra) for `metrics`. The
+    verdict keeps the rule stored with the row (extra verdict_rule); `rule` judges rows stored without one."""
     from gleak.metrics import score
 
     keys = {k for m in metrics for k in RESCORABLE[m]}
     out = []
     for trial_id, blob, extra_js in items:
         a = unpack(blob)
-        s = score(a["truth"], a["truth_y"], a["rec"], a["rec_y"], lpips_weights, a["blind"], rule)
-        flat = {**s, **s.pop("blind")}
         extra = json.loads(extra_js) if extra_js else {}
+        row_rule = extra.get("verdict_rule") or rule
+        s = score(a["truth"], a["truth_y"], a["rec"], a["rec_y"], lpips_weights, a["blind"], row_rule)
+        flat = {**s, **s.pop("blind")}
         cols = {}
         for k in keys:
             if k in ("blind_mse", "blind_psnr", "blind_ssim", "half_mse", "share_psnr40"):
                 extra[k] = flat[k]
             else:
                 cols[k] = flat[k]
+        if "verdict" in keys and flat["verdict"] is not None:
+            extra["verdict_rule"] = row_rule  # the stored verdict's rule, as the trial records it
         out.append((trial_id, cols, extra))
     return out
 

@@ -415,7 +415,7 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
             trials += _grid(merged, where, table, name, grid_seeds)
     unique: dict[str, TrialConfig] = {}
     for t in trials:
-        unique.setdefault(t.trial_id, t)  # the same trial asked for twice runs once
+        unique.setdefault(t.trial_id, dataclasses.replace(t, verdict=verdict))  # asked for twice: runs once
     extras = {k: doc[k] for k in extra_tables if k in doc}
     utility = _utility(doc["utility"], where) if "utility" in doc and "utility" not in extra_tables else None
     claims = _claims(doc["claim"], where) if "claim" in doc and "claim" not in extra_tables else []

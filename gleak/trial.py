@@ -146,7 +146,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
 
     rec_images = denormalize(rec_x, ds.mean, ds.std) if rec_x is not None else None
     blind = mean_image(pool.x)  # the blind guess: the mean image of the split the victims come from
-    scores = score(victim.images(), victim.y, rec_images, rec_y, lpips_weights, blind)
+    scores = score(victim.images(), victim.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict)
     scores["grad_dist"] = grad_dist
     share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
     extra = {**model_info, **rec.extra} if share is None else {"share_psnr40": share, **model_info, **rec.extra}
@@ -154,6 +154,8 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     if eps is not None:
         extra["epsilon"] = eps
     extra.update(scores.pop("blind"))
+    if scores["verdict"] is not None:
+        extra["verdict_rule"] = cfg.verdict  # the rule of the stored verdict (gleak.metrics.trial_verdict)
     extra["device"] = device
     scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
     scores["_images"] = (victim.images(), rec_images)
