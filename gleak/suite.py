@@ -335,8 +335,31 @@ def expand_grid(spec: dict[str, Any], where: Where, table: str, suite_name: str,
         if named and (case.protocol != "fedsgd" or case.protocol_params):
             raise where.error(where_d, "name", f"defense {d!r} is the protocol {named!r}; the case also names protocol "
                               f"{case.protocol!r}: name the protocol once")  # fmt: skip
-        trials.append(TrialConfig(suite_name, a, ap, d, dp, case, seed))
+        trials.append(TrialConfig(suite_name, a, ap, *one_spelling(d, dp, case), seed))
     return trials
+
+
+def one_spelling(defense: str, defense_params: dict[str, Any], case: CaseConfig) -> tuple[str, dict[str, Any], CaseConfig]:
+    """The one spelling of a trial's protocol, before its id is computed: a protocol named in the case
+    (`[case] protocol = "cgd"`) with no client defense is the same computation as that protocol's defense spelling
+    (`[[defense]] name = "cgd"`, gleak.registry.register_protocol(as_defense=True)), so it is written that way: one
+    computation, one trial id, and that id is the one the published trials of that spelling have. A protocol with a
+    client defense beside it, or with a parameter that spelling does not take set off its default, has no other
+    spelling and stays as it is."""
+    if defense != "none" or defense_params or case.protocol == "fedsgd" or case.update != "fedsgd":
+        return defense, defense_params, case
+    try:
+        info = registry.plugin_info("defense", case.protocol)
+    except UnknownPluginError:
+        return defense, defense_params, case
+    if info.protocol != case.protocol:
+        return defense, defense_params, case
+    params = dict(case.protocol_params)
+    defaults = registry.plugin_info("protocol", case.protocol).defaults()
+    if any(k not in info.params and v != defaults.get(k, object()) for k, v in params.items()):
+        return defense, defense_params, case
+    spelled = registry.check_params("defense", case.protocol, {k: v for k, v in params.items() if k in info.params})
+    return case.protocol, spelled, dataclasses.replace(case, protocol="fedsgd", protocol_params={})
 
 
 _grid = expand_grid  # the name this module uses
