@@ -18,8 +18,26 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_DATA: dict = {}
+
+
+def honest_labels(case: dict, seed: int, honest: int) -> list[int]:
+    """The labels of the first `honest` clients' samples of the trial with this case and seed: the trial's own draw
+    (gleak.trial.draw_batches), recomputed from the stored case (the data sets are loaded once)."""
+    from gleak.config import CaseConfig, TrialConfig
+    from gleak.trial import DTYPES, draw_batches, load_case_data
+
+    cfg = TrialConfig("cgd-attacks", "closed-form", {}, "cgd", {}, CaseConfig.from_dict(case), seed)
+    key = (cfg.case.dataset, cfg.case.resolution, cfg.case.channels)
+    if key not in _DATA:
+        _DATA[key] = load_case_data(cfg)
+    batches = draw_batches(_DATA[key], cfg, DTYPES[cfg.case.dtype])
+    return [int(v) for b in batches[:honest] for v in b.y]
+
+
 def frame(folder: Path) -> pd.DataFrame:
-    """One row per finished trial: model, m, protocol, t kind, attack, verdict, PSNR."""
+    """One row per finished trial: model, m, protocol, t kind, attack, verdict, PSNR, and whether two of the honest
+    participants' samples share a label (`collision`; their sum then mixes two samples of one class)."""
     csv = folder / "results.csv"
     if not csv.is_file():
         print(f"{folder}: no results.csv; run `python -m gleak run suites/cgd-attacks.toml` first", file=sys.stderr)
@@ -37,10 +55,12 @@ def frame(folder: Path) -> pd.DataFrame:
         else:
             t = m - 2 if p.get("colluders") is None else int(p["colluders"])
             kind = "t = 0" if t == 0 else "t = m - 2" if t == m - 2 else f"t = {t}"
+        labels = honest_labels(case, int(r["seed"]), m - t) if cols == 1 else []
         rows.append({"model": r["model"], "m": m, "protocol": "cgd" if p.get("confined", True) else "fedsgd+secure-sum",
                      "colluders": kind, "attack": r["attack"], "recovered": r["verdict"] == "recovered",
                      "psnr": float(r["psnr"]), "vertical": f"{m}x{cols}" if cols > 1 else "",
-                     "iterations": int(p.get("iterations", 1)), "batch": int(case.get("batch_size", 1))})  # fmt: skip
+                     "iterations": int(p.get("iterations", 1)), "batch": int(case.get("batch_size", 1)),
+                     "collision": len(set(labels)) < len(labels), "seed": int(r["seed"]), "honest": m * cols - t})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -69,17 +89,32 @@ def tables(df: pd.DataFrame) -> list[str]:
     ms = sorted(df["m"].unique())
     for model, g in df.groupby("model", sort=False):
         out += [f"{model}: share of seeds recovered (median PSNR in dB) by the number of participants m; the victim "
-                f"holds one sample, the observer the sum over the m - t honest participants.", "",
+                f"holds one sample, the observer the sum over the m - t honest participants; [k same label]: k of the "
+                f"cell's trials have two honest samples of one class.", "",
                 "| attack | protocol | colluders | " + " | ".join(f"m = {m}" for m in ms) + " |",
                 "| --- " * (3 + len(ms)) + "|"]  # fmt: skip
         for (a, proto, t), h in g.groupby(["attack", "protocol", "colluders"], sort=True):
             cells = []
             for m in ms:
                 c = h[h["m"] == m]
-                cells.append("" if c.empty else f"{int(c['recovered'].sum())}/{len(c)} ({c['psnr'].median():.1f})")
+                same = f" [{int(c['collision'].sum())} same label]" if not c.empty and c["collision"].any() else ""
+                cells.append("" if c.empty else f"{int(c['recovered'].sum())}/{len(c)} ({c['psnr'].median():.1f}){same}")
             out.append(f"| {a} | {proto} | {t} | " + " | ".join(cells) + " |")
-        out.append("")
+        out += ["", collision_line(g), ""]
     return out + vertical_table(vertical)
+
+
+def collision_line(g: pd.DataFrame) -> str:
+    """How many trials whose sum is over two honest samples (t = m - 2, and m = 2) had the two labels coincide,
+    and how those fared: two samples of one class are what the closed form cannot separate."""
+    two = g[g["honest"] == 2]
+    if two.empty:
+        return ""
+    same = two[two["collision"]]
+    victims = two.drop_duplicates(["m", "seed"])
+    return (f"Two honest samples (t = m - 2, or m = 2): {int(victims['collision'].sum())} of {len(victims)} victim "
+            f"pairs (m, seed) share one label ({len(same)} of {len(two)} trials; recovered in {int(same['recovered'].sum())} "
+            f"of those {len(same)}, in {int(two[~two['collision']]['recovered'].sum())} of the other {len(two) - len(same)}).")
 
 
 def main() -> int:

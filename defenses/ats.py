@@ -170,11 +170,32 @@ def apply_op(img: Tensor, op: str, magnitude: float, sign: int = 1) -> Tensor:
     raise ValueError(f"unknown operation {op!r}")
 
 
-def transform_images(images: Tensor, policy: list[list[int]], rng: torch.Generator) -> Tensor:
-    """Each image (B, C, H, W in [0, 1]) through one sub-policy chosen uniformly from `policy` (as the authors'
-    sub_transform), its operations in order; the sub-policy and each signed operation's sign drawn from `rng`."""
+def crop_padding(h: int, w: int) -> int:
+    """The random crop's zero padding: the authors' 4 pixels at their 32x32 images (RandomCrop(32, padding=4)), the
+    same eighth of the side at other resolutions (2 at 16x16), at least 1."""
+    return max(1, round(min(h, w) / 8))
+
+
+def crop_flip(img: Tensor, rng: torch.Generator) -> Tensor:
+    """torchvision's RandomCrop(size of the image, padding=crop_padding, black fill) then RandomHorizontalFlip(0.5)
+    on one image (C, H, W) in [0, 1]: the top and left offsets, then the flip, drawn from `rng`."""
+    _, h, w = img.shape
+    pad = crop_padding(h, w)
+    top = int(torch.randint(2 * pad + 1, (), generator=rng))
+    left = int(torch.randint(2 * pad + 1, (), generator=rng))
+    flip = bool(torch.randint(2, (), generator=rng))
+    out = F.pad(img, (pad, pad, pad, pad))[:, top : top + h, left : left + w]
+    return out.flip(-1) if flip else out
+
+
+def transform_images(images: Tensor, policy: list[list[int]], rng: torch.Generator, augment: str = "none") -> Tensor:
+    """Each image (B, C, H, W in [0, 1]) through the authors' crop and flip first when augment is "crop-flip"
+    (`crop_flip`), then one sub-policy chosen uniformly from `policy` (as the authors' sub_transform), its
+    operations in order; the crop, the flip, the sub-policy and each signed operation's sign drawn from `rng`."""
     out = []
     for img in images:
+        if augment == "crop-flip":
+            img = crop_flip(img, rng)
         sub = policy[int(torch.randint(len(policy), (), generator=rng))]
         for idx in sub:
             op, m = TRANSFORMS[idx]
@@ -205,7 +226,10 @@ class ATS(Defense):
 
     Inside the client's computation, every image of the batch goes through one sub-policy of `policy` (chosen
     uniformly per image) and the gradient is the plain mean-loss gradient of the transformed batch, so the observer
-    only ever sees gradients of transformed images. The transformations are the authors' list of 50 (ATSPrivacy
+    only ever sees gradients of transformed images. The transform is declared (`gradient_batch`): a trial scores the
+    reconstruction against the transformed batch, what was sent, as the authors score their attacks (their
+    benchmark/cifar100_attack.py attacks and scores the transformed validation image), and against the original
+    image beside it (psnr_original, mse_original, ssim_original in the row's extra). The transformations are the authors' list of 50 (ATSPrivacy
     policy.py: AutoAugment operations at fixed magnitudes), written with torch operations after PIL's definitions
     and drawn from the client's generator (the random sign of the signed ones, the sub-policy).
 
@@ -214,6 +238,11 @@ class ATS(Defense):
     policy: indices into the authors' list, '-' within a sub-policy, '+' between sub-policies. Default
         "3-1-7+43-18-18", the authors' hybrid of their two searched CIFAR-100 policies for ResNet20-4 (3-1-7:
         translateX 0.41, contrast 0.33, translateY 0.10; 43-18-18: translateY 0.14, contrast 0.39 twice).
+    augment: "crop-flip" (default): every image is first randomly cropped back to its size from a copy padded with
+        black (4 pixels at the authors' 32x32, an eighth of the side at other resolutions) and flipped horizontally
+        with probability 1/2, as the authors' CIFAR pipeline applies RandomCrop(32, padding=4) and
+        RandomHorizontalFlip before the policy (benchmark/comm.py, build_transform, mode 'aug'), to the images they
+        train on and to those they attack. "none": the policy alone (gleak's first reading).
     pixels: how the client turns its normalised batch back into images in [0, 1] before transforming it (the
         authors transform PIL images, before normalisation). "data-stats" (default): with its data's own per-channel
         mean and std (pixels = x std + mean), which the client knows (the runner passes them, `bind_data`); each
@@ -239,9 +268,11 @@ class ATS(Defense):
         mean: list[float] | None = None,
         std: list[float] | None = None,
         pixels: Literal["data-stats", "batch-range"] = "data-stats",
+        augment: Literal["crop-flip", "none"] = "crop-flip",
     ):
         check_choice("pixels", pixels, ("data-stats", "batch-range"))
-        self.policy, self.mean, self.std, self.pixels = policy, mean, std, pixels
+        check_choice("augment", augment, ("crop-flip", "none"))
+        self.policy, self.mean, self.std, self.pixels, self.augment = policy, mean, std, pixels, augment
         self._subs = parse_policy(policy)
         self._data: tuple[list[float], list[float]] | None = None
         if (mean is None) != (std is None):
@@ -270,8 +301,13 @@ class ATS(Defense):
             raise ValueError(f"ats: mean has {len(mean)} entries, the input has {x.shape[1]} channels")
         scale, shift = pixel_map(x.detach(), mean, std)
         images = (x.detach() * scale + shift).clamp(0, 1)
-        return (transform_images(images, self._subs, rng) - shift) / scale
+        return (transform_images(images, self._subs, rng, self.augment) - shift) / scale
+
+    def gradient_batch(self, x: Tensor, y: Tensor, rng: torch.Generator) -> tuple[Tensor, Tensor]:
+        return self.transform_batch(x, rng), y
 
     def client_gradient(self, model: nn.Module, x: Tensor, y: Tensor, rng: torch.Generator) -> dict[str, Tensor]:
-        return batch_gradient(model, self.transform_batch(x, rng), y)
+        # Written out (the base class's computation) so that code that refuses defenses computing their own gradients
+        # (a vertical CGD block) still refuses this one.
+        return batch_gradient(model, *self.training_batch(x, y, rng))
 

@@ -26,7 +26,7 @@ from gleak.config import CaseConfig, TrialConfig, derive_seed, generator
 from gleak.errors import PluginContractError, UnsupportedCase
 from gleak.models import create_model
 from gleak.gate import attacker_knowledge, observation
-from gleak.plugin import Attack, Defense, Plugin
+from gleak.plugin import Attack, Defense, Plugin, transforms_inputs
 from gleak.protocol import Setup, run_rounds, trial_setup
 from gleak.guards import extra_json
 from gleak.threat import KNOWLEDGE, ClientBatch, Reconstruction, Update
@@ -39,7 +39,8 @@ CHECK_NAMES = {
                "extra is JSON", "prepare does not modify the model in place"],
     "defense": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
                 "layout and dtype preserved", "deterministic under a seed", "does not mutate its input",
-                "finite on zero and tiny updates", "client gradient well formed", "no round hooks"],
+                "finite on zero and tiny updates", "client gradient well formed", "no round hooks",
+                "declares the inputs it trains on"],
     "protocol": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
                  "client models", "client update well formed", "observer view well formed", "observer model",
                  "server step moves the models", "rounds run deterministically", "trains for utility"],
@@ -247,6 +248,68 @@ def _client_gradient_problems(factory: Callable[[], Any], dtype: torch.dtype) ->
     return out
 
 
+def _unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """The values under torch.func's wrappers (DP-SGD computes per-example gradients under vmap), detached."""
+    try:
+        from torch._C import _functorch as ft
+
+        while ft.is_functorch_wrapped_tensor(t):
+            t = ft.get_unwrapped(t)
+    except (ImportError, AttributeError):  # another torch: the tensor as it is
+        pass
+    return t.detach().clone()
+
+
+def _missing_rows(rows: torch.Tensor, allowed: torch.Tensor) -> int:
+    """How many of `rows` (n, d) are not exactly one of `allowed`'s rows (m, d)."""
+    if not len(rows):
+        return 0
+    if not len(allowed):
+        return len(rows)
+    same = (rows.unsqueeze(1) == allowed.unsqueeze(0)).all(-1)
+    return int((~same.any(1)).sum())
+
+
+def _declared_inputs_problems(factory: Callable[[], Any]) -> list[str]:
+    """The inputs the model sees inside client_gradient (a forward pre-hook on the probe model) against what the
+    defense declares: without a `gradient_batch` override, only rows of the client's batch; with one, exactly the
+    rows of the batch it kept (Defense.training_batch), which has the client's shapes and is deterministic."""
+    model = create_model("mlp", (1, 4, 4), 3, seed=0, dtype=torch.float64, hidden=[6])
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(5, 1, 4, 4, generator=g, dtype=torch.float64), torch.tensor([0, 1, 2, 1, 0])
+    seen: list[torch.Tensor] = []
+    handle = model.register_forward_pre_hook(lambda _, inp: seen.append(_unwrapped(inp[0])))
+    d = factory()
+    d.reset()
+    kept: list = []
+    d.kept_batches = kept
+    try:
+        d.client_gradient(model, x, y, torch.Generator().manual_seed(6))
+    except Exception as exc:  # noqa: BLE001
+        return [f"client_gradient raised {type(exc).__name__}: {exc}"]
+    finally:
+        handle.remove()
+        d.kept_batches = None
+    width = x[0].numel()
+    rows = torch.cat([t.reshape(-1, width) for t in seen]) if seen else x.new_zeros(0, width)
+    if not transforms_inputs(d):
+        n = _missing_rows(rows, x.reshape(-1, width))
+        return [f"the model saw {n} input rows that are not the client's: a defense that trains on transformed inputs "
+                "must declare it (override Defense.gradient_batch, train through Defense.training_batch)"] if n else []  # fmt: skip
+    if not kept:
+        return ["gradient_batch is overridden but client_gradient kept no batch (call Defense.training_batch)"]
+    sent = torch.cat([xb.reshape(-1, width) for _, xb, _ in kept])
+    problems = []
+    if any(xb.shape != x.shape or xb.dtype != x.dtype or yb.shape != y.shape for _, xb, yb in kept):
+        problems.append("gradient_batch must return x's shape and dtype and y's shape")
+    if _missing_rows(rows, sent) or _missing_rows(sent, rows):
+        problems.append("the model did not train on exactly the batch gradient_batch returned and training_batch kept")
+    again = factory().gradient_batch(x, y, torch.Generator().manual_seed(6))
+    if not torch.equal(again[0], kept[0][1]):
+        problems.append("gradient_batch: two calls with the same generator differ")
+    return problems
+
+
 def check_defense(name: str, params: dict[str, Any] | None = None) -> list[Check]:
     info = registry.plugin_info("defense", name)
     fast = {**getattr(info.obj, "conformance_params", {}), **(params or {})}
@@ -284,6 +347,8 @@ def check_defense(name: str, params: dict[str, Any] | None = None) -> list[Check
     hooks = [h for h in ROUND_HOOKS if isinstance(info.obj, type) and hasattr(info.obj, h) and not hasattr(Defense, h)]
     checks.append(Check("no round hooks", not hooks, f"{', '.join(hooks)}: a Protocol's methods, never called on a "
                         "defense (register a protocol with register_protocol)" if hooks else ""))  # fmt: skip
+    declared = _declared_inputs_problems(factory)
+    checks.append(Check("declares the inputs it trains on", not declared, "; ".join(declared)))
     return checks
 
 

@@ -344,6 +344,20 @@ def score(
     return out
 
 
+# The scores of a transforming defense's trial against the client's untransformed batch, in the row's extra.
+ORIGINAL_METRICS = ("mse", "psnr", "ssim", "lpips")
+
+
+def original_scores(images: Tensor, labels: Tensor, rec_images: Tensor | None, rec_labels: Tensor | None,
+                    lpips_weights: str | None = None, blind: Tensor | None = None, rule: str = "margin") -> dict[str, float]:  # fmt: skip
+    """{"mse_original": ..., "psnr_original": ..., "ssim_original": ..., "lpips_original": ...} (metrics that are
+    defined): the reconstruction scored against the untransformed `images`, the same way as against the truth."""
+    if rec_images is None:
+        return {}
+    s = score(images, labels, rec_images, rec_labels, lpips_weights, blind, rule)
+    return {f"{k}_original": s[k] for k in ORIGINAL_METRICS if s[k] is not None}
+
+
 def verdict_mse(mean_mse: float | None, half_mse: float | None, rule: str) -> float | None:
     """The MSE a trial's verdict reads: under "margin" the MSE at least half of the batch's images reach (an image is
     a person's data: half the batch recovered exactly is a leak); under "seed002" the batch mean, as seed 002."""

@@ -114,6 +114,40 @@ def lenet(input_shape: tuple[int, ...], num_classes: int, init: Literal["dlg", "
     return model
 
 
+class CNN6(nn.Module):
+    """R-GAP's CNN6 (Zhu and Blaschko, ICLR 2021; JunyiZhu-AI/R-GAP models/CNN6.py): six convolutions without bias,
+    each followed by LeakyReLU(0.2), then one linear classifier without bias on the flattened features."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, bias: bool = False):
+        super().__init__()
+        c, h, w = input_shape
+        act = nn.LeakyReLU(negative_slope=0.2)
+        spec = [(c, 12, 4, 2, 2), (12, 36, 3, 1, 2), (36, 36, 3, 1, 1), (36, 36, 3, 1, 1), (36, 64, 3, 1, 2),
+                (64, 128, 3, 1, 1)]  # (in, out, kernel, padding, stride), as the reference  # fmt: skip
+        layers: list[nn.Module] = []
+        for cin, cout, k, pad, stride in spec:
+            layers += [nn.Conv2d(cin, cout, k, padding=pad, stride=stride, bias=bias), act]
+        self.body = nn.Sequential(*layers)
+        with torch.no_grad():
+            flat = self.body(torch.zeros(1, c, h, w)).numel()
+        self.fc = nn.Linear(flat, num_classes, bias=bias)  # 3200 features at 32x32, as the reference
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x).flatten(1))
+
+
+@register_model("cnn6")
+def cnn6(input_shape: tuple[int, ...], num_classes: int, bias: bool = False) -> nn.Module:
+    """R-GAP's CNN6 (Zhu and Blaschko 2021): LeakyReLU(0.2) convs, no bias, a linear softmax classifier; torch's default init.
+
+    The reference's weights are torch's default initialisation (its attack script draws them under
+    torch.manual_seed(0) unless a trained checkpoint is loaded); here under the trial's model seed. Deviation: the
+    reference's classifier has one output under a logistic loss; gleak's loss is cross entropy over the data set's
+    classes, so the classifier has one output per class (R-GAP's softmax form, attacks/rgap.py). bias=True adds
+    biases to every layer (not the reference)."""
+    return CNN6(input_shape, num_classes, bias)
+
+
 @register_model("convnet")
 def convnet(input_shape: tuple[int, ...], num_classes: int, width: int = 32) -> nn.Module:
     """A small ConvNet: three 3x3 conv + ReLU stages (width, 2 width, 4 width; max-pool after the first two), global

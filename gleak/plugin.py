@@ -127,6 +127,8 @@ class Defense(Plugin):
     client_gradient: how the client computes each gradient inside its own computation (the FedSGD update, and every
         local step of FedAvg or a CGD participant), before `transform`. The default is the plain gradient of the mean
         loss; DP-SGD overrides it to clip per example and add noise, and steps its accountant there.
+    gradient_batch: the batch that enters the gradient; a defense that transforms the client's inputs (ATS)
+        overrides it, which declares the transform (the trial scores against what was sent).
     transform: applied by each client to its own update before sending (quantize, noise, prune). It may keep state
         across rounds (error feedback); `reset` clears it. Must not modify its input.
     privacy_spent / epsilon: the (epsilon, delta)-DP guarantee of what this client has done so far (its accountant,
@@ -153,10 +155,31 @@ class Defense(Plugin):
         extends the architecture (PRECODE's bottleneck) returns a new module. Default: unchanged."""
         return model
 
+    # Set to a list by the trial for the client it attacks: `training_batch` then keeps (given x, x', y') there.
+    kept_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+
+    def gradient_batch(self, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch the client's gradient is computed on, given the client's own batch (x, y): what enters the
+        gradient, so what was sent. A defense that trains on transformed inputs (ATS's augmentation) overrides this
+        hook, and the override is its declaration (`transforms_inputs`): a trial then scores the reconstruction
+        against the returned batch and, beside it, against the client's untransformed batch. The returned x has
+        x's shape and dtype, y y's shape; randomness from `rng`. Default: (x, y) unchanged, nothing drawn.
+        Call it through `training_batch` (the default `client_gradient` does): `gleak check-plugin` fails a
+        defense whose model sees other inputs than the batch it kept, or other inputs than (x, y) undeclared."""
+        return x, y
+
+    def training_batch(self, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """`gradient_batch(x, y, rng)`, kept in `kept_batches` as (x, x', y') when the trial keeps them."""
+        xb, yb = self.gradient_batch(x, y, rng)
+        if self.kept_batches is not None:
+            self.kept_batches.append((x.detach(), xb.detach(), yb.detach()))
+        return xb, yb
+
     def client_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator) -> dict[str, torch.Tensor]:
         """The client's gradient of its loss on (x, y) at the model's parameters, one tensor per trainable parameter
-        (by name). Must not modify the model; randomness from `rng` (the client's own generator)."""
-        return batch_gradient(model, x, y)
+        (by name): by default the plain gradient of the mean loss on `training_batch(x, y, rng)`. Must not modify
+        the model; randomness from `rng` (the client's own generator)."""
+        return batch_gradient(model, *self.training_batch(x, y, rng))
 
     def epsilon(self, *, delta: float, sample_rate: float, steps: int) -> float | None:
         """The (epsilon, delta)-DP guarantee of `steps` steps at `sample_rate`, where one is defined, else None."""
@@ -165,3 +188,10 @@ class Defense(Plugin):
     def privacy_spent(self) -> float | None:
         """Epsilon of the steps this client has taken since `reset` (at the defense's own delta), else None."""
         return None
+
+
+def transforms_inputs(defense: Any) -> bool:
+    """Whether a defense (instance or class) declares that its client trains on a transformed batch: it overrides
+    `Defense.gradient_batch`. Such a defense's trials are scored against the batch that entered the gradient."""
+    cls = defense if isinstance(defense, type) else type(defense)
+    return issubclass(cls, Defense) and cls.gradient_batch is not Defense.gradient_batch

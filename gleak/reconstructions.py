@@ -1,7 +1,9 @@
 """Reconstructions kept as arrays, and `gleak rescore`: metrics recomputed from them without rerunning attacks.
 
 Each trial that returns images stores, in the results store's `reconstructions` table, one compressed NumPy archive:
-the victim's images and labels, the attack's images and labels, and the blind guess, all in [0, 1] as float32
+the victim's images and labels as they entered its gradient (what was sent: a transforming defense's output, such
+as ATS's), the attack's images and labels, the blind guess and, where a defense transformed the batch, the
+client's untransformed images ("original"), all in [0, 1] as float32
 (float32, not float16: an exact recovery must still score at the PSNR ceiling when rescored; a 32x32 RGB batch of
 4 costs about 50 KB before compression). `rescore` scores them again with the current metrics, so that a metric
 added later (LPIPS once its backbone is on the machine, a new one) covers results already published.
@@ -27,14 +29,18 @@ RESCORABLE = {
 }  # fmt: skip
 
 
-def pack(truth: Tensor, truth_y: Tensor, rec: Tensor, rec_y: Tensor | None, blind: Tensor) -> bytes:
-    """One trial's arrays as compressed .npz bytes."""
+def pack(truth: Tensor, truth_y: Tensor, rec: Tensor, rec_y: Tensor | None, blind: Tensor,
+         original: Tensor | None = None) -> bytes:  # fmt: skip
+    """One trial's arrays as compressed .npz bytes (`truth`: what was sent; `original`: the untransformed images
+    where a defense transformed them, else None)."""
     arrays: dict[str, np.ndarray] = {
         "truth": truth.detach().float().cpu().numpy(), "truth_y": truth_y.detach().long().cpu().numpy(),
         "rec": rec.detach().float().cpu().numpy(), "blind": blind.detach().float().cpu().numpy(),
     }  # fmt: skip
     if rec_y is not None:
         arrays["rec_y"] = rec_y.detach().long().cpu().numpy()
+    if original is not None:
+        arrays["original"] = original.detach().float().cpu().numpy()
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     return buf.getvalue()
@@ -44,6 +50,7 @@ def unpack(blob: bytes) -> dict[str, Tensor | None]:
     with np.load(io.BytesIO(blob)) as z:
         out: dict[str, Tensor | None] = {k: torch.from_numpy(z[k].copy()) for k in z.files}
     out.setdefault("rec_y", None)
+    out.setdefault("original", None)
     return out
 
 
@@ -60,9 +67,11 @@ def parse_metrics(text: str | None) -> list[str]:
 
 def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[str], lpips_weights: str | None = None,
                  rule: str = "margin") -> list[tuple[str, dict[str, Any], dict[str, Any]]]:  # fmt: skip
-    """For each (trial_id, arrays, stored extra JSON): (trial_id, new column values, new extra) for `metrics`. The
-    verdict keeps the rule stored with the row (extra verdict_rule); `rule` judges rows stored without one."""
-    from gleak.metrics import score
+    """For each (trial_id, arrays, stored extra JSON): (trial_id, new column values, new extra) for `metrics`, scored
+    against the stored truth (what was sent); where untransformed images are stored too, their `*_original` scores
+    in extra as well (gleak.metrics.original_scores). The verdict keeps the rule stored with the row (extra
+    verdict_rule); `rule` judges rows stored without one."""
+    from gleak.metrics import ORIGINAL_METRICS, original_scores, score
 
     keys = {k for m in metrics for k in RESCORABLE[m]}
     out = []
@@ -80,6 +89,10 @@ def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[s
                 cols[k] = flat[k]
         if "verdict" in keys and flat["verdict"] is not None:
             extra["verdict_rule"] = row_rule  # the stored verdict's rule, as the trial records it
+        if a["original"] is not None:
+            again = original_scores(a["original"], a["truth_y"], a["rec"], a["rec_y"], lpips_weights, a["blind"], row_rule)
+            extra.update({f"{m}_original": again[f"{m}_original"] for m in ORIGINAL_METRICS
+                          if m in keys and f"{m}_original" in again})  # fmt: skip
         out.append((trial_id, cols, extra))
     return out
 

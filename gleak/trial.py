@@ -24,8 +24,8 @@ from gleak.errors import UnsupportedCase
 from gleak.gate import attacker_knowledge, observation, observer_model  # noqa: F401 - observer_model: public here
 from gleak.store import NOT_APPLICABLE
 from gleak.guards import extra_json
-from gleak.metrics import mean_image, relative_distance, score
-from gleak.plugin import Attack, Defense
+from gleak.metrics import mean_image, original_scores, relative_distance, score
+from gleak.plugin import Attack, Defense, transforms_inputs
 from gleak.pretrain import build_model
 from gleak.progress import reporting
 from gleak.protocol import Protocol, Schedule, fedavg_update, fedsgd_update, run_rounds, trial_setup
@@ -137,7 +137,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     model, model_info = build_model(cfg.case, ds, cfg.seed, dtype, defenses[0], (cfg.identity()["defense"], cfg.defense_params))
     with devices.use(device):
         model = devices.to_device(model)
-        last, rec, plain = _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, batches)
+        last, rec, plain, sent = _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, batches)
         grad_dist = relative_distance(plain.flat(), last.view.flat())
     rec_x = rec.x.detach().cpu() if rec.x is not None else None
     rec_y = rec.y.cpu() if isinstance(rec.y, torch.Tensor) else rec.y
@@ -146,10 +146,15 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
 
     rec_images = denormalize(rec_x, ds.mean, ds.std) if rec_x is not None else None
     blind = mean_image(pool.x)  # the blind guess: the mean image of the split the victims come from
-    scores = score(victim.images(), victim.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict)
+    # The truth is what was sent: the batch that entered the victim's gradient (a transforming defense's output).
+    truth = sent if sent is not None else victim
+    scores = score(truth.images(), truth.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict)
     scores["grad_dist"] = grad_dist
     share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
     extra = {**model_info, **rec.extra} if share is None else {"share_psnr40": share, **model_info, **rec.extra}
+    original = None if sent is None else victim.images()
+    if original is not None:  # a separate question: how close the reconstruction comes to the untransformed images
+        extra.update(original_scores(original, victim.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict))
     eps = defenses[0].privacy_spent()  # the victim's accountant, stepped with the noisy steps it took
     if eps is not None:
         extra["epsilon"] = eps
@@ -158,22 +163,50 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
         extra["verdict_rule"] = cfg.verdict  # the rule of the stored verdict (gleak.metrics.trial_verdict)
     extra["device"] = device
     scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
-    scores["_images"] = (victim.images(), rec_images)
-    scores["_arrays"] = (victim.images(), victim.y, rec_images, rec_y, blind)
+    scores["_images"] = (truth.images(), rec_images)
+    scores["_arrays"] = (truth.images(), truth.y, rec_images, rec_y, blind, original)
     return scores
+
+
+def sent_batch(victim: ClientBatch, kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> ClientBatch:
+    """The victim's batch as it entered its gradient in the attacked round, from the (given x, x', y') its
+    transforming defense kept (Defense.training_batch): each image's first transformed version (FedSGD computes
+    one gradient; FedAvg's later local steps draw their own). On the CPU."""
+    if kept and torch.equal(kept[0][0], victim.x):
+        x, y = kept[0][1], kept[0][2]
+    else:
+        xs, ys = [], []
+        for i in range(victim.size):
+            hit = next(((xb[j], yb[j]) for x0, xb, yb in kept for j in range(len(x0)) if torch.equal(x0[j], victim.x[i])), None)
+            if hit is None:
+                raise RuntimeError(f"the defense declares a transform of its inputs but kept none of victim image {i}")
+            xs.append(hit[0])
+            ys.append(hit[1])
+        x, y = torch.stack(xs), torch.stack(ys)
+    if x.shape != victim.x.shape or y.shape != victim.y.shape:
+        raise RuntimeError(f"the defense's gradient_batch returned shapes {tuple(x.shape)}, {tuple(y.shape)}; "
+                           f"expected the client's {tuple(victim.x.shape)}, {tuple(victim.y.shape)}")  # fmt: skip
+    return replace(victim, x=x.detach().cpu(), y=y.detach().cpu())
 
 
 def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, batches):
     """The rounds, the gate and the attack, on the current device: (the attacked round, the reconstruction, the
-    victim's plain update in that round)."""
+    victim's plain update in that round, the victim's batch as sent where its defense transforms it, else None)."""
     victim = on_device(batches[:1])[0]
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
     models, warm = run_rounds(protocol, defenses, models, cfg.case.warmup_rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
     if protocol.shared_model:  # the server sends its model; an active attack builds it (a new module)
         models = [attack.prepare(models[0], knowledge, generator(cfg.seed, "attack-prepare"))] * len(batches)
-    models, seen = run_rounds(protocol, defenses, models, protocol.observed_rounds(), observed_schedule(batches, cfg),
-                              cfg.case.warmup_lr, step_last=False)  # fmt: skip
+    transforming = transforms_inputs(defenses[0])
+    kept: list = []
+    if transforming:  # the victim's defense keeps the batches it trains on; only the attacked (last) round's count
+        defenses[0].kept_batches = kept
+    n_obs = protocol.observed_rounds()
+    models, seen = run_rounds(protocol, defenses, models, n_obs, observed_schedule(batches, cfg), cfg.case.warmup_lr,
+                              step_last=False, on_round=lambda r, _: kept.clear() if r < n_obs - 1 else None)  # fmt: skip
+    defenses[0].kept_batches = None
+    sent = sent_batch(batches[0], [tuple(t.cpu() for t in k) for k in kept]) if transforming else None
     history: tuple[Observation, ...] = ()
     for w in [*warm, *seen[:-1]]:  # every round the observer saw passes the gate
         history = (*history, observation(w.view, w.held, attack, knowledge, cfg))
@@ -181,9 +214,12 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
     rec = attack.reconstruct(observation(last.view, last.held, attack, knowledge, cfg, history),
                              generator(cfg.seed, "attack"))  # fmt: skip
     # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
-    plain = last.updates[0] if type(defenses[0]).client_gradient is Defense.client_gradient else \
+    own = type(defenses[0]).client_gradient is not Defense.client_gradient or transforming
+    plain = last.updates[0] if not own else \
         protocol.client_update(last.at[0], victim, create("defense", "none"), generator(cfg.seed, "client/0"))  # fmt: skip
-    return last, rec, plain
+    if sent is not None and torch.equal(sent.x, batches[0].x):
+        sent = None  # the transform left the batch as it was: one truth
+    return last, rec, plain, sent
 
 
 def run_trial(

@@ -135,7 +135,7 @@ def test_gradient_is_the_plain_gradient_of_the_transformed_batch():
     y = torch.tensor([0, 1, 3])
     d = gleak.create("defense", "ats", mean=mean, std=std)
     got = d.client_gradient(model, x, y, torch.Generator().manual_seed(9))
-    want_pixels = transform_images(pixels, parse_policy(d.policy), torch.Generator().manual_seed(9))
+    want_pixels = transform_images(pixels, parse_policy(d.policy), torch.Generator().manual_seed(9), d.augment)
     want_x = (want_pixels - torch.tensor(mean, dtype=torch.float64).view(1, 3, 1, 1)) / torch.tensor(std, dtype=torch.float64).view(1, 3, 1, 1)
     want = batch_gradient(model, want_x, y)
     assert all(torch.allclose(got[n], want[n], atol=1e-12) for n in want)
@@ -189,7 +189,8 @@ def test_an_image_is_transformed_independently_of_the_rest_of_its_batch():
     # and the data-stats reading is the transformation of the image in [0, 1] as the authors apply it
     x = (torch.cat([first, bright]) - mean) / std
     got = _bound().transform_batch(x, torch.Generator().manual_seed(7))
-    want = transform_images(torch.cat([first, bright]), parse_policy("3-1-7+43-18-18"), torch.Generator().manual_seed(7))
+    want = transform_images(torch.cat([first, bright]), parse_policy("3-1-7+43-18-18"), torch.Generator().manual_seed(7),
+                            "crop-flip")
     assert torch.allclose(got, (want - mean) / std, atol=1e-10)
 
 

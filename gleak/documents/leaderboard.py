@@ -98,7 +98,10 @@ def _intro_blocks(suite: str, description: str, df: pd.DataFrame, rule: str) -> 
         "Every trial is scored against the victim's whole batch: reconstructions are paired with the images by "
         "optimal assignment and an image left without one is scored against the blind guess, the data set's mean "
         "image (the per-pixel mean of the split the victims come from); the blind guess's own PSNR / MSE / SSIM on "
-        f"the same batches is shown beside each case. Per-image PSNR is capped at {PSNR_CEILING:g} dB (exact "
+        f"the same batches is shown beside each case. The truth is the batch as it entered the victim's gradient: "
+        "under a defense that transforms the client's inputs (ATS), the transformed batch; the row's extra then also "
+        "scores the reconstruction against the untransformed images (psnr_original, mse_original, ssim_original). "
+        f"Per-image PSNR is capped at {PSNR_CEILING:g} dB (exact "
         "recoveries). PSNR and MSE: medians over trials (seeds); beside them and for SSIM, LPIPS, label accuracy "
         "and time: mean ± std [95% interval of the mean, Student t over seeds]. " + verdict_rule_text(rule)
         + " A group's verdict is the one at least half of its trials reach or exceed; 'recovered' is the share of "
