@@ -19,6 +19,7 @@ from torch import nn
 
 from gleak import device as devices
 from gleak.config import TrialConfig, derive_seed, generator
+from gleak.contract import baseline_torch_state, check_reconstruction, max_images
 from gleak.data import ImageDataset, load_dataset, sample_indices
 from gleak.errors import UnsupportedCase
 from gleak.gate import attacker_knowledge, observation, observer_model  # noqa: F401 - observer_model: public here
@@ -139,6 +140,8 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
         model = devices.to_device(model)
         last, rec, plain, sent = _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, batches)
         grad_dist = relative_distance(plain.flat(), last.view.flat())
+    limit = max_images(cfg.case.batch_size, cfg.case.clients)
+    check_reconstruction(rec, ds.input_shape, ds.num_classes, limit, cfg.attack)  # before anything reads it
     rec_x = rec.x.detach().cpu() if rec.x is not None else None
     rec_y = rec.y.cpu() if isinstance(rec.y, torch.Tensor) else rec.y
     if rec_x is not None and not torch.isfinite(rec_x).all():  # say so, rather than fail later in the matching
@@ -233,8 +236,8 @@ def run_trial(
     t0 = time.perf_counter()
     row: dict[str, Any] = {"trial_id": cfg.trial_id, "config": cfg.to_json(), "status": "ok", "error": None}
     try:
-        # fork_rng: a plugin that touches the global RNG cannot leak into the next trial
-        with torch.random.fork_rng(devices=[]), reporting(progress):
+        # fork_rng and the baseline state: a plugin that touches torch's global state cannot leak into the next trial
+        with torch.random.fork_rng(devices=[]), baseline_torch_state(), reporting(progress):
             torch.manual_seed(derive_seed(cfg.seed, "global"))
             scores = execute(cfg, lpips_weights, device)
         truth, rec = scores.pop("_images")
