@@ -171,6 +171,9 @@ class ClosedForm(DefenseAware, Attack):
             groups = _merge(_group(dist, tol), dw64, db64, tol)
             if len(groups) >= want:
                 tried.append((_density_cost(torch.stack([_pooled(dw64, db64, g) for g in groups[:want]]), dw64, db64), tol, groups))
+        if not tried:  # fewer distinct inversions than samples at every tolerance (rows of one sample agree): the finest
+            tol = self.tol if self.tol is not None else TOL_LADDER[0]
+            return _merge(_group(dist, tol), dw64, db64, tol)[:want], float(tol), dw64, db64
         # The smallest tolerance within 1% of the sparsest: without a defense the exact groups, not pooled neighbours.
         least = min(c for c, _, _ in tried)
         chosen = next((g, t) for c, t, g in tried if c <= least * (1 + COST_SLACK))

@@ -5,7 +5,9 @@ parametrize_with_checks does: the names of each kind's checks are listed in CHEC
 Every kind: its own docstring (not only its base class's), parameters with defaults and types.
 Attacks: a supported standard case, output shapes and dtypes, determinism under a seed, no mutation of the
 observation or of the model it is given, and only UnsupportedCase (never another exception) on cases it cannot
-handle. Defenses: layout and dtype preserved, determinism, no mutation, finite output on an all-zero update and on
+handle; models shaped only by `prepare` and `prepare_clients` (`model_hook_problem`: through secure aggregation
+with three clients, the model handed to them and every model they return unchanged after the round and the
+reconstruction, and different models per client only with "per_client_models" in `needs`). Defenses: layout and dtype preserved, determinism, no mutation, finite output on an all-zero update and on
 tiny tensors, a well-formed client gradient, and no round hooks (those are a Protocol's: a defense that defines
 `observe` would be silently ignored). Protocols: every method on a small MLP with three clients: the clients'
 models (ownership: the server's model untouched), a client's update, the observer's view and model, the server's
@@ -36,7 +38,7 @@ CHECK_NAMES = {
     "attack": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
                "needs names known knowledge", "unsupported cases raise UnsupportedCase only", "supports a standard case",
                "output shapes and dtypes", "deterministic under a seed", "does not mutate the observation",
-               "extra is JSON", "prepare does not modify the model in place"],
+               "extra is JSON", "prepare does not modify the model in place", "models change only through the hooks"],
     "defense": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
                 "layout and dtype preserved", "deterministic under a seed", "does not mutate its input",
                 "finite on zero and tiny updates", "client gradient well formed", "no round hooks",
@@ -204,7 +206,66 @@ def check_attack(name: str, params: dict[str, Any] | None = None) -> list[Check]
     checks.append(
         Check("prepare does not modify the model in place", not prepare_mutated, "return a new module" if prepare_mutated else "")
     )
+    checks.append(_hooks_check(factory, case))
     return checks
+
+
+def _hooks_check(factory: Callable[[], Attack], case: CaseConfig) -> Check:
+    name = "models change only through the hooks"
+    try:
+        problem = model_hook_problem(factory, case)
+    except UnsupportedCase as exc:  # a case the attack refuses through the protocol: nothing to check there
+        return Check(name, True, f"not exercised: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a broken hook is what this finds
+        problem = f"{type(exc).__name__}: {exc}"
+    return Check(name, not problem, problem)
+
+
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def model_hook_problem(attack_factory: Callable[[], Attack], case: CaseConfig, clients: int = 3, seed: int = 0) -> str:
+    """What an attack did to a model outside `prepare` and `prepare_clients` ('' where nothing): the case (one the
+    attack supports) runs through secure aggregation with `clients` clients (or the protocol the case names),
+    the hooks build the clients' models, one round runs and the attack reconstructs; the model handed to the hooks
+    and every model they returned must then be exactly as the hooks left them, and different models per client
+    need "per_client_models" in `needs`."""
+    from gleak.gate import refuse_unservable
+
+    if case.protocol == "fedsgd":
+        case = replace(case, clients=clients, protocol="secure-aggregation")
+    cfg = TrialConfig("check", "x", {}, "none", {}, case, seed)
+    ds, attack = load_case_data(cfg), attack_factory()
+    batches = draw_batches(ds, cfg, DTYPES[case.dtype])
+    setup = trial_setup(case, "none", {})
+    protocol = registry.create("protocol", setup.protocol, **setup.protocol_params)
+    refuse_unservable(attack, protocol, "the attack", setup.protocol)
+    public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
+    knowledge = attacker_knowledge(attack, ds, batches[0], public, setup)
+    model = create_model(case.model, ds.input_shape, ds.num_classes, seed=derive_seed(seed, "model"), dtype=DTYPES[case.dtype])
+    protocol.reset()
+    models = protocol.client_models(model, len(batches), generator(seed, "client-models"))
+    handed = [(models[0], _state(models[0]))]
+    if protocol.shared_model:
+        prepared = attack.prepare(models[0], knowledge, generator(seed, "attack-prepare"))
+        if not _tensors_equal(handed[0][1], _state(models[0])):
+            return "prepare modified the model it was handed (return a new module)"
+        handed.append((prepared, _state(prepared)))
+        models = attack.prepare_clients(prepared, len(batches), knowledge, generator(seed, "attack-clients"))
+        if not _tensors_equal(handed[1][1], _state(prepared)):
+            return "prepare_clients modified the prepared model in place (return new modules)"
+        if len({id(m) for m in models}) > 1 and "per_client_models" not in attack.needs:
+            return 'prepare_clients sends clients different models without "per_client_models" in needs'
+    served = handed + [(m, _state(m)) for m in models]
+    _, seen = run_rounds(protocol, [registry.create("defense", "none") for _ in batches], models, protocol.observed_rounds(),
+                         observed_schedule(batches, cfg), case.warmup_lr, step_last=False)  # fmt: skip
+    history = tuple(observation(w.view, w.held, attack, knowledge, cfg) for w in seen[:-1])
+    attack.reconstruct(observation(seen[-1].view, seen[-1].held, attack, knowledge, cfg, history), generator(seed, "attack"))
+    if any(not _tensors_equal(state, _state(m)) for m, state in served):
+        return ("a model the clients computed at changed after the hooks returned (in reconstruct, or through a "
+                "reference kept from them): only prepare and prepare_clients may shape the models")  # fmt: skip
+    return ""
 
 
 def _probe_update(dtype: torch.dtype, seed: int) -> Update:

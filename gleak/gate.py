@@ -5,6 +5,10 @@ the model the observer holds) and what the attack's `needs` grant (gleak.threat.
 the knowledge (the defense's public description only with "knows_defense"), the model (a copy; weights only with "parameters"), the update's `num_samples` (the count behind the
 update: only with "batch_size", else None) and each of the update's `meta` fields (gleak.threat.WIRE_META names the
 knowledge each needs; a field it does not list never reaches an attack). Earlier rounds pass the same gate.
+
+The active server passes here too: `refuse_unservable` turns away an attack the protocol gives no say over the
+clients' models (its trial is not applicable, with the reason), and `served_models` is the one place the attack's
+`prepare` and `prepare_clients` build the models the clients compute at.
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gleak.config import TrialConfig, derive_seed
+from gleak.config import TrialConfig, derive_seed, generator
+from gleak.errors import PluginContractError, UnsupportedCase
 from gleak.data import ImageDataset
 from gleak.plugin import Attack
 from gleak.threat import WIRE_META, ClientBatch, DefenseDescription, Knowledge, Observation, Update
@@ -115,3 +120,32 @@ def observation(
     """What the attack receives of one round: the gated view, the gated model and its knowledge (built by
     `attacker_knowledge`), with the earlier rounds' observations (each made here too)."""
     return Observation(gate_update(view, attack.needs), knowledge, observer_model(attack, held, cfg), rounds)
+
+
+def refuse_unservable(attack: Attack, protocol: Any, attack_name: str, protocol_name: str) -> None:
+    """UnsupportedCase (the trial is not applicable, this its reason) where the attack needs what the protocol does
+    not let the server do: send each client its own model ("per_client_models", Protocol.per_client_models), or
+    send the clients any model it prepared (an active attack, Protocol.shared_model)."""
+    if "per_client_models" in attack.needs and not protocol.per_client_models:
+        held = f": {protocol.models_held}" if protocol.models_held else ""
+        raise UnsupportedCase(f"attack {attack_name!r} sends each client its own model, which protocol "
+                              f"{protocol_name!r} does not let the server choose{held}")  # fmt: skip
+    if attack.active and not protocol.shared_model:
+        raise UnsupportedCase(f"active attack {attack_name!r} through protocol {protocol_name!r}: its clients never "
+                              "compute at the model the server prepares")  # fmt: skip
+
+
+def served_models(attack: Attack, model: nn.Module, clients: int, knowledge: Knowledge, cfg: TrialConfig) -> list[nn.Module]:
+    """The model each client computes at (the victim first) when the server sends them: `prepare` on the server's
+    model, then `prepare_clients` (from a generator of its own, so that an attack without it draws exactly what it
+    drew before the hook existed). PluginContractError where the clients get different models without the attack
+    declaring "per_client_models" (it would be granted a capability its threat model does not name)."""
+    prepared = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
+    if type(attack).prepare_clients is Attack.prepare_clients:
+        return [prepared] * clients
+    models = attack.prepare_clients(prepared, clients, knowledge, generator(cfg.seed, "attack-clients"))
+    if not isinstance(models, list) or len(models) != clients or not all(isinstance(m, nn.Module) for m in models):
+        raise PluginContractError(f"prepare_clients must return a list of {clients} modules, one per client")
+    if len({id(m) for m in models}) > 1 and "per_client_models" not in attack.needs:
+        raise PluginContractError('prepare_clients sent clients different models: declare "per_client_models" in needs')
+    return models

@@ -92,6 +92,16 @@ class Attack(Plugin):
         """Active attacks return the model the server sends to the client (a new module). Passive: unchanged."""
         return model
 
+    def prepare_clients(
+        self, prepared: nn.Module, clients: int, knowledge: Knowledge, rng: torch.Generator
+    ) -> list[nn.Module]:  # fmt: skip
+        """The model each client computes at, the victim (client 0) first, given the model `prepare` returned. With
+        `prepare`, the only place an attack may shape the clients' models: neither may edit a module it was handed,
+        and nothing later may edit what they returned (`gleak check-plugin` checks both). An attack that sends
+        clients different models declares "per_client_models" in `needs`; the trial refuses it where the protocol
+        does not let the server choose each client's model (gleak.gate). Default: `prepared` for every client."""
+        return [prepared] * clients
+
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
         raise NotImplementedError
 

@@ -111,6 +111,9 @@ class Protocol(Plugin):
     shared_model: True when every client computes at the model the server sends (so an active attack's prepared
         model reaches the client). Protocols with private per-client models (CGD) set False, and an active attack
         through them is refused rather than silently disarmed.
+    per_client_models: True when the server may send each client a model of its own (an active attack's
+        `prepare_clients`, model inconsistency); False where it cannot, `models_held` then saying why in one line
+        (CGD: each participant draws and steps its own confined model). An attack that needs it is refused there.
     observed_rounds(): how many rounds of an attack trial the observer sees (the last is attacked, the earlier
         ones reach the attack as Observation.rounds).
     A protocol instance serves one run (one trial, or one utility run); `reset` starts a new one. Randomness comes
@@ -118,6 +121,8 @@ class Protocol(Plugin):
     """
 
     shared_model: ClassVar[bool] = True
+    per_client_models: ClassVar[bool] = True
+    models_held: ClassVar[str] = ""
 
     def observed_rounds(self) -> int:
         return 1

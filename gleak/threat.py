@@ -23,6 +23,10 @@ KNOWLEDGE = {
     "public_data": "samples from the same distribution that are not the client's (another split)",
     # Kerckhoffs: the attacker knows the algorithm and its public parameters, never its randomness or client state.
     "knows_defense": "the defense's and the protocol's names and parameters (not their random state or residuals)",
+    # An active server's capability, not knowledge: it sends each client a model of its own choosing (Attack.
+    # prepare_clients). Granted only where the protocol lets the server choose the clients' models (gleak.gate).
+    "per_client_models": "the server may send each client its own model (model inconsistency), where the protocol "
+                         "lets it choose the models its clients compute at",
 }
 
 # Fields a protocol may put in an update's `meta`, and the knowledge an attack needs to read each ("": a public

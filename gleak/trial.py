@@ -1,7 +1,8 @@
 """One trial, end to end. This file is the whole flow of the benchmark, one way:
 
     suite -> trial config -> case (data, model, seed) -> protocol and client defense (gleak.protocol.trial_setup)
-    -> warm-up rounds (case.warmup_rounds, run_rounds) -> attack.prepare (active attacks modify the model the server sends)
+    -> warm-up rounds (case.warmup_rounds, run_rounds) -> attack.prepare, prepare_clients (gleak.gate.served_models: active
+    attacks build the models the server sends, one per client where the protocol lets it)
     -> observed rounds (run_rounds: client update -> defense transform -> wire -> protocol's view)
     -> gate (gleak.gate: the observation from the wire and the attack's needs) -> attack.reconstruct
     -> score -> row for the store
@@ -22,7 +23,7 @@ from gleak.config import TrialConfig, derive_seed, generator
 from gleak.contract import baseline_torch_state, check_reconstruction, max_images
 from gleak.data import ImageDataset, load_dataset, sample_indices
 from gleak.errors import UnsupportedCase
-from gleak.gate import attacker_knowledge, observation, observer_model  # noqa: F401 - observer_model: public here
+from gleak.gate import attacker_knowledge, observation, observer_model, refuse_unservable, served_models  # noqa: F401 - observer_model: public here
 from gleak.store import NOT_APPLICABLE
 from gleak.guards import extra_json
 from gleak.metrics import mean_image, original_scores, relative_distance, score
@@ -128,9 +129,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     for d in defenses:
         d.reset()
         d.bind_data(ds.mean, ds.std)  # the clients' normalisation (the victims' split is normalised alike)
-    if attack.active and not protocol.shared_model:
-        raise UnsupportedCase(f"active attack {cfg.attack!r} through protocol {setup.protocol!r}: its clients never "
-                              "compute at the model the server prepares")  # fmt: skip
+    refuse_unservable(attack, protocol, cfg.attack, setup.protocol)
     public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public, setup)
 
@@ -199,8 +198,8 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
     models, warm = run_rounds(protocol, defenses, models, cfg.case.warmup_rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
-    if protocol.shared_model:  # the server sends its model; an active attack builds it (a new module)
-        models = [attack.prepare(models[0], knowledge, generator(cfg.seed, "attack-prepare"))] * len(batches)
+    if protocol.shared_model:  # the server sends its models; an active attack builds them (new modules)
+        models = served_models(attack, models[0], len(batches), knowledge, cfg)
     transforming = transforms_inputs(defenses[0])
     kept: list = []
     if transforming:  # the victim's defense keeps the batches it trains on; only the attacked (last) round's count

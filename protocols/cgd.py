@@ -152,7 +152,8 @@ class _ConfinedTraining(Protocol):
                 del out["vertical"]
         return out
 
-    shared_model = False  # every participant computes at its own confined model
+    shared_model = per_client_models = False  # every participant computes at its own confined model
+    models_held = "each participant draws and steps its own confined model; the server sends none"
 
     def train_utility(
         self, config: Any, train_ds: Any, test_ds: Any, rng: torch.Generator,
