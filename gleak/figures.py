@@ -4,6 +4,7 @@ each metric against defense strength, the privacy-utility frontier, and the util
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,18 +25,56 @@ PARTIAL_PSNR = 10 * math.log10(1 / 0.2)
 
 
 def plain_text(fn):
-    """Decorator of every function that draws a figure: text is drawn as written, never parsed as math or TeX (a
-    '$' in a plugin's parameter or a data path would otherwise be math text, and bad math text an exception)."""
+    """Decorator of every function that draws a figure: TeX off whatever the user's matplotlibrc says, math text on
+    (the log axes' tick labels are math: '$\\mathdefault{10^{-1}}$'). Text that comes from data (a plugin's
+    parameter, a data path) is escaped before drawing (`escape_dollars`), so a '$' in it is a dollar, never math."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         import matplotlib
 
-        with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        with matplotlib.rc_context({"text.parse_math": True, "text.usetex": False}):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+_DOLLAR = re.compile(r"(?<!\\)\$")
+
+
+def escape_dollars(fig) -> None:
+    """Every '$' of the figure's texts but the tick labels (which the axes' formatters write as math on purpose)
+    escaped, so that matplotlib draws it as a dollar sign: text from data is never read as math."""
+    from matplotlib.text import Text
+
+    ticks = {id(t) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+             for tick in axis.get_major_ticks() + axis.get_minor_ticks() for t in (tick.label1, tick.label2)}  # fmt: skip
+    for t in fig.findobj(Text):
+        if id(t) not in ticks and "$" in t.get_text():
+            t.set_text(_DOLLAR.sub(r"\\$", t.get_text()))
+
+
+def thin_tick_labels(fig, pad: float = 3.0) -> None:
+    """Drop x tick labels that would overlap their left neighbour (a logit axis of close pruning ratios), keeping the
+    first: the axis gets the kept ticks as fixed ones, so that the next draw keeps them."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not hasattr(fig.canvas, "get_renderer"):
+        FigureCanvasAgg(fig)  # the PNG's renderer: the sizes measured are the sizes drawn
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        lo, hi = sorted(ax.get_xlim())
+        labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text() and lo <= t.get_position()[0] <= hi]
+        kept, right = [], -math.inf
+        for t in sorted(labels, key=lambda t: t.get_window_extent(renderer).x0):
+            box = t.get_window_extent(renderer)
+            if box.x0 >= right + pad:
+                kept.append(t)
+                right = box.x1
+        if len(kept) < len(labels):
+            ax.set_xticks([t.get_position()[0] for t in kept], [t.get_text() for t in kept])
 
 
 def _figure(width: float, height: float):
@@ -45,10 +84,13 @@ def _figure(width: float, height: float):
 
 
 def save_figure(fig, path: Path) -> Path:
+    """The figure as a PNG at `path` (atomically), its bounding box grown to hold every text (nothing clipped)."""
     import io
 
+    escape_dollars(fig)
+    thin_tick_labels(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
+    fig.savefig(buf, format="png", metadata={"Software": None}, bbox_inches="tight", pad_inches=0.08)
     atomic_write_bytes(Path(path), buf.getvalue())
     return Path(path)
 
@@ -110,72 +152,170 @@ def _image_panel(ax, entry) -> None:
         ax.imshow(entry[0], interpolation="nearest")
 
 
-@plain_text
-def reconstruction_grid(cells, image_dir: Path, path: Path, title: str) -> Path | None:
-    """The trials' stored PNGs (truth above the reconstruction) with their PSNR, per defense configuration (rows) and
-    attack (columns). With a single attack the defenses wrap into several columns instead of one tall strip.
-    `cells`: DataFrame with row_label, col_label, image, psnr, in display order."""
+def _wrap(text: str, width: int) -> str:
     import textwrap
 
-    from matplotlib.figure import Figure
+    return textwrap.fill(text, width, break_on_hyphens=False)
+
+
+def _stored_images(cells, image_dir: Path) -> dict:
+    """(row_label, col_label) -> (the trial's stored PNG as an RGB array, its PSNR), for the images that exist."""
     from PIL import Image
 
-    rows = list(dict.fromkeys(cells["row_label"]))
-    cols = list(dict.fromkeys(cells["col_label"]))
     images = {}
     for _, c in cells.iterrows():
         f = image_dir / str(c["image"])
         if f.is_file():
             images[(c["row_label"], c["col_label"])] = (np.asarray(Image.open(f).convert("RGB")), c["psnr"])
+    return images
+
+
+def _wrapped_grid(rows: list[str], col: str, images: dict, cell_w: float, img_h: float):
+    """One attack: a wrapped grid of defenses, each panel titled with its configuration and PSNR."""
+    from matplotlib.figure import Figure
+
+    n = len(rows)
+    ncols = min(n, max(1, round(math.sqrt(n * 1.6 * img_h / cell_w))))
+    nrows = math.ceil(n / ncols)
+    titles = [_wrap(r, 26) for r in rows]
+    title_h = 0.16 * max(t.count("\n") + 2 for t in titles)
+    fig = Figure(figsize=(0.3 + ncols * (cell_w + 0.25), 0.9 + nrows * (img_h + title_h + 0.15)), dpi=100)
+    fig.subplots_adjust(left=0.15 / fig.get_figwidth(), right=1 - 0.15 / fig.get_figwidth(),
+                        top=1 - (0.75 + title_h) / fig.get_figheight(), bottom=0.1 / fig.get_figheight(),
+                        hspace=(title_h + 0.15) / img_h, wspace=0.25 / cell_w)  # fmt: skip
+    axes = fig.subplots(nrows, ncols, squeeze=False).flatten()
+    for ax, r, t in zip(axes, rows, titles):
+        entry = images.get((r, col))
+        _image_panel(ax, entry)
+        ax.set_title(f"{t}\n{_psnr_text(entry[1]) if entry else ''}", fontsize=7.5, pad=3)
+    for ax in axes[n:]:
+        ax.axis("off")
+    return fig
+
+
+def _table_grid(rows: list[str], cols: list[str], images: dict, cell_w: float, img_h: float):
+    """Rows: defenses, columns: attacks; the column heads wrapped to the cell's width (about 12 bold characters per
+    inch at 9 pt; at hyphens, or inside a word longer than that), the row labels on the left."""
+    import textwrap
+
+    from matplotlib.figure import Figure
+
+    wrap = {r: _wrap(r, 24) for r in rows}
+    heads = {c: textwrap.fill(c, max(8, int(cell_w * 12))) for c in cols}
+    head_h = 0.15 * (max(h.count("\n") for h in heads.values()))
+    label_w = 0.3 + 0.075 * max(len(line) for r in rows for line in wrap[r].splitlines())
+    cell_h = img_h + 0.3
+    fig = Figure(figsize=(label_w + cell_w * len(cols) + 0.2, 0.9 + head_h + cell_h * len(rows)), dpi=100)
+    fig.subplots_adjust(left=label_w / fig.get_figwidth(), right=1 - 0.2 / fig.get_figwidth(),
+                        top=1 - (0.8 + head_h) / fig.get_figheight(), bottom=0.1 / fig.get_figheight(),
+                        hspace=0.36 / cell_h, wspace=0.08)  # fmt: skip
+    axes = fig.subplots(len(rows), len(cols), squeeze=False)
+    for i, r in enumerate(rows):
+        for j, c in enumerate(cols):
+            ax, entry = axes[i][j], images.get((r, c))
+            _image_panel(ax, entry)
+            ax.set_title(_psnr_text(entry[1]) if entry else "", fontsize=8, pad=2)
+            if i == 0:
+                ax.annotate(heads[c], (0.5, 1.0), xytext=(0, 14), xycoords="axes fraction", textcoords="offset points",
+                            ha="center", va="bottom", fontsize=9, fontweight="bold")  # fmt: skip
+            if j == 0:
+                ax.set_ylabel(wrap[r], rotation=0, ha="right", va="center", fontsize=8, labelpad=6)
+    return fig
+
+
+@plain_text
+def reconstruction_grid(cells, image_dir: Path, path: Path, title: str) -> Path | None:
+    """The trials' stored PNGs (truth above the reconstruction) with their PSNR, per defense configuration (rows) and
+    attack (columns). With a single attack the defenses wrap into several columns instead of one tall strip.
+    `cells`: DataFrame with row_label, col_label, image, psnr, in display order."""
+    rows = list(dict.fromkeys(cells["row_label"]))
+    cols = list(dict.fromkeys(cells["col_label"]))
+    images = _stored_images(cells, image_dir)
     if not images:
         return None
     h, w = next(iter(images.values()))[0].shape[:2]
     cell_w = max(1.5, min(3.0, 1.1 * w / 100))  # the stored PNGs are drawn at about 100 px per inch
     img_h = cell_w * h / w
     head = "each panel: true batch above, reconstruction below"
-    if len(cols) == 1:  # one attack: a wrapped grid of defenses, each panel titled with its configuration
-        n = len(rows)
-        ncols = min(n, max(1, round(math.sqrt(n * 1.6 * img_h / cell_w))))
-        nrows = math.ceil(n / ncols)
-        titles = [textwrap.fill(r, 26, break_on_hyphens=False) for r in rows]
-        title_h = 0.16 * max(t.count("\n") + 2 for t in titles)
-        fig = Figure(figsize=(0.3 + ncols * (cell_w + 0.25), 0.9 + nrows * (img_h + title_h + 0.15)), dpi=100)
-        fig.subplots_adjust(left=0.15 / fig.get_figwidth(), right=1 - 0.15 / fig.get_figwidth(),
-                            top=1 - (0.75 + title_h) / fig.get_figheight(), bottom=0.1 / fig.get_figheight(),
-                            hspace=(title_h + 0.15) / img_h, wspace=0.25 / cell_w)  # fmt: skip
-        axes = fig.subplots(nrows, ncols, squeeze=False).flatten()
-        for ax, r, t in zip(axes, rows, titles):
-            entry = images.get((r, cols[0]))
-            _image_panel(ax, entry)
-            ax.set_title(f"{t}\n{_psnr_text(entry[1]) if entry else ''}", fontsize=7.5, pad=3)
-        for ax in axes[n:]:
-            ax.axis("off")
+    if len(cols) == 1:
+        fig = _wrapped_grid(rows, cols[0], images, cell_w, img_h)
         head = f"attack: {cols[0]}; {head}"
-    else:  # rows: defenses, columns: attacks
-        wrap = {r: textwrap.fill(r, 24, break_on_hyphens=False) for r in rows}
-        # Column heads wrapped to the cell's width (about 12 bold characters per inch at 9 pt).
-        heads = {c: textwrap.fill(c, max(8, int(cell_w * 12)), break_on_hyphens=False, break_long_words=False) for c in cols}
-        head_h = 0.15 * (max(h.count("\n") for h in heads.values()))
-        label_w = 0.3 + 0.075 * max(len(line) for r in rows for line in wrap[r].splitlines())
-        cell_h = img_h + 0.3
-        fig = Figure(figsize=(label_w + cell_w * len(cols) + 0.2, 0.9 + head_h + cell_h * len(rows)), dpi=100)
-        fig.subplots_adjust(left=label_w / fig.get_figwidth(), right=1 - 0.2 / fig.get_figwidth(),
-                            top=1 - (0.8 + head_h) / fig.get_figheight(), bottom=0.1 / fig.get_figheight(), hspace=0.36 / cell_h,
-                            wspace=0.08)  # fmt: skip
-        axes = fig.subplots(len(rows), len(cols), squeeze=False)
-        for i, r in enumerate(rows):
-            for j, c in enumerate(cols):
-                ax, entry = axes[i][j], images.get((r, c))
-                _image_panel(ax, entry)
-                ax.set_title(_psnr_text(entry[1]) if entry else "", fontsize=8, pad=2)
-                if i == 0:
-                    ax.annotate(heads[c], (0.5, 1.0), xytext=(0, 14), xycoords="axes fraction", textcoords="offset points",
-                                ha="center", va="bottom", fontsize=9, fontweight="bold")  # fmt: skip
-                if j == 0:
-                    ax.set_ylabel(wrap[r], rotation=0, ha="right", va="center", fontsize=8, labelpad=6)
-    fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() * 12)) + "\n" + head, fontsize=9,
+    else:
+        fig = _table_grid(rows, cols, images, cell_w, img_h)
+    # The title may be wider than the panels: the saved figure grows to hold it (save_figure), never clips it.
+    fig.suptitle(_wrap(title, max(60, int(fig.get_figwidth() * 12))) + "\n" + head, fontsize=9,
                  y=1 - 0.08 / fig.get_figheight(), va="top")  # fmt: skip
     return save_figure(fig, path)
+
+
+STRENGTH_METRICS = [("psnr", "PSNR (dB), worst case", False), ("ssim", "SSIM", False), ("mse_median", "MSE (median)", True),
+                    ("lpips", "LPIPS", False), ("label_acc", "label accuracy", False)]  # fmt: skip
+
+
+def _metric_panel(ax, lines, key: str, label: str, logy: bool, baselines) -> bool:
+    """One metric against the defense parameter, a colour per attack and a line style per group, the spread over
+    seeds as error bars and the undefended value dotted; returns whether a point was drawn at the PSNR/MSE cap."""
+    attacks, groups, clipped_any = list(dict.fromkeys(lines["attack"])), list(dict.fromkeys(lines["group"])), False
+    for a_i, attack in enumerate(attacks):
+        color = ATTACK_COLORS[a_i % len(ATTACK_COLORS)]
+        for g_i, group in enumerate(groups):
+            d = lines[(lines["attack"] == attack) & (lines["group"] == group)].sort_values("x")
+            d = d[d[key].notna()]
+            if not len(d):
+                continue
+            ys, clipped = _clip([float(v) for v in d[key]], key)
+            ax.plot(d["x"], ys, LINE_STYLES[g_i % len(LINE_STYLES)], marker=MARKERS[g_i % len(MARKERS)], color=color,
+                    label=attack + (f" ({group})" if group else ""), markersize=4)  # fmt: skip
+            if f"{key}_err" in d and d[f"{key}_err"].notna().any():  # spread over seeds (not at clipped points)
+                err = [0.0 if c or e != e else float(e) for e, c in zip(d[f"{key}_err"], clipped)]
+                ax.errorbar(d["x"], ys, yerr=err, fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.7)
+            cx = [x for x, c in zip(d["x"], clipped) if c]
+            if cx:
+                edge = PSNR_CAP if key == "psnr" else MSE_FLOOR
+                ax.scatter(cx, [edge] * len(cx), marker="^" if key == "psnr" else "v", s=40, color=color, zorder=5)
+                clipped_any = True
+        base = baselines.get(key, {}).get(attack)
+        if base is not None:
+            ax.axhline(_clip([base], key)[0][0], color=color, linestyle=(0, (1, 2)), linewidth=1, alpha=0.8)
+    if logy:
+        ax.set_yscale("log")
+    if key in ("ssim", "label_acc"):
+        ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.05)
+    if key == "psnr":
+        _band_axis(ax)
+    ax.set_ylabel(label)
+    return clipped_any
+
+
+def _accuracy_panel(ax, accuracy, base: float | None) -> None:
+    """Test accuracy under the defense against its parameter; the undefended accuracy dotted."""
+    for g_i, group in enumerate(list(dict.fromkeys(accuracy["group"]))):
+        d = accuracy[accuracy["group"] == group].sort_values("x")
+        ax.plot(d["x"], 100 * d["accuracy"], LINE_STYLES[g_i % len(LINE_STYLES)], marker=MARKERS[g_i % len(MARKERS)],
+                color="black", label=group or "accuracy", markersize=4)  # fmt: skip
+    if base is not None:
+        ax.axhline(100 * base, color="black", linestyle=(0, (1, 2)), linewidth=1)
+    ax.set_ylabel("test accuracy (%)")
+    lo, hi = ax.get_ylim()
+    if hi - lo < 5:  # a fraction of a point must not look like a collapse
+        mid = (lo + hi) / 2
+        ax.set_ylim(mid - 2.5, mid + 2.5)
+    if len(set(accuracy["group"])) > 1:
+        ax.legend(fontsize=7, loc="best")
+
+
+def _strength_x_axis(ax, xs: list[float], xkey: str) -> None:
+    """Log x where the values span 50x or more; a logit axis for fractions that reach 0.95 and beyond (pruning
+    ratios: it keeps 0.9, 0.99 and 0.999 apart), ticked at the values themselves."""
+    logx = len(xs) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 50
+    if logx:
+        ax.set_xscale("log")
+    elif len(xs) > 1 and min(xs) > 0 and max(xs) < 1 and max(xs) >= 0.95:
+        ax.set_xscale("logit")
+        ax.set_xticks(xs, [f"{x:g}" for x in xs], fontsize=7)
+        ax.minorticks_off()
+    ax.set_xlabel(xkey)
+    ax.grid(True, alpha=0.3)
 
 
 @plain_text
@@ -183,82 +323,25 @@ def strength_figure(lines, accuracy, baselines, xkey: str, path: Path, title: st
     """Metrics against one defense parameter. `lines`: DataFrame with attack, group, x and metric columns (one line
     per attack x group); `accuracy`: DataFrame with group, x, accuracy (or None); `baselines`: {metric: {attack:
     value}} of the undefended configuration, drawn as dotted horizontal lines; baselines['accuracy'] a float."""
-    metrics = [("psnr", "PSNR (dB), worst case", False), ("ssim", "SSIM", False), ("mse_median", "MSE (median)", True),
-               ("lpips", "LPIPS", False), ("label_acc", "label accuracy", False)]  # fmt: skip
-    metrics = [m for m in metrics if m[0] in lines and lines[m[0]].notna().any()]
-    panels = len(metrics) + (accuracy is not None and len(accuracy) > 0)
-    fig = _figure(3.3 * panels + 0.6, 3.4)
-    axes = fig.subplots(1, panels, squeeze=False)[0]
+    metrics = [m for m in STRENGTH_METRICS if m[0] in lines and lines[m[0]].notna().any()]
+    with_acc = accuracy is not None and len(accuracy) > 0
+    fig = _figure(3.3 * (len(metrics) + with_acc) + 0.6, 3.4)
+    axes = fig.subplots(1, len(metrics) + with_acc, squeeze=False)[0]
+    clipped = [_metric_panel(ax, lines, *m, baselines) for ax, m in zip(axes, metrics)]
+    if with_acc:
+        _accuracy_panel(axes[-1], accuracy, baselines.get("accuracy"))
     xs = sorted(set(lines["x"]) | (set(accuracy["x"]) if accuracy is not None else set()))
-    logx = len(xs) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 50
-    # Fractions that reach 0.95 and beyond (pruning ratios): a logit axis keeps 0.9, 0.99 and 0.999 apart.
-    logit = not logx and len(xs) > 1 and min(xs) > 0 and max(xs) < 1 and max(xs) >= 0.95
-    attacks = list(dict.fromkeys(lines["attack"]))
-    groups = list(dict.fromkeys(lines["group"]))
-    any_clipped = [False]
-    for ax, (key, label, logy) in zip(axes, metrics):
-        for a_i, attack in enumerate(attacks):
-            color = ATTACK_COLORS[a_i % len(ATTACK_COLORS)]
-            for g_i, group in enumerate(groups):
-                d = lines[(lines["attack"] == attack) & (lines["group"] == group)].sort_values("x")
-                d = d[d[key].notna()]
-                if not len(d):
-                    continue
-                ys, clipped = _clip([float(v) for v in d[key]], key)
-                name = attack + (f" ({group})" if group else "")
-                ax.plot(d["x"], ys, LINE_STYLES[g_i % len(LINE_STYLES)], marker=MARKERS[g_i % len(MARKERS)], color=color,
-                        label=name, markersize=4)  # fmt: skip
-                if f"{key}_err" in d and d[f"{key}_err"].notna().any():  # spread over seeds (not at clipped points)
-                    err = [0.0 if c or e != e else float(e) for e, c in zip(d[f"{key}_err"], clipped)]
-                    ax.errorbar(d["x"], ys, yerr=err, fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.7)
-                cx = [x for x, c in zip(d["x"], clipped) if c]
-                if cx:
-                    edge = PSNR_CAP if key == "psnr" else MSE_FLOOR
-                    ax.scatter(cx, [edge] * len(cx), marker="^" if key == "psnr" else "v", s=40, color=color, zorder=5)
-                    any_clipped[0] = True
-            base = baselines.get(key, {}).get(attack)
-            if base is not None:
-                ax.axhline(_clip([base], key)[0][0], color=color, linestyle=(0, (1, 2)), linewidth=1, alpha=0.8)
-        if logy:
-            ax.set_yscale("log")
-        if key in ("ssim", "label_acc"):
-            ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.05)
-        if key == "psnr":
-            _band_axis(ax)
-        ax.set_ylabel(label)
-    if accuracy is not None and len(accuracy):
-        ax = axes[-1]
-        for g_i, group in enumerate(list(dict.fromkeys(accuracy["group"]))):
-            d = accuracy[accuracy["group"] == group].sort_values("x")
-            ax.plot(d["x"], 100 * d["accuracy"], LINE_STYLES[g_i % len(LINE_STYLES)], marker=MARKERS[g_i % len(MARKERS)],
-                    color="black", label=group or "accuracy", markersize=4)  # fmt: skip
-        base = baselines.get("accuracy")
-        if base is not None:
-            ax.axhline(100 * base, color="black", linestyle=(0, (1, 2)), linewidth=1)
-        ax.set_ylabel("test accuracy (%)")
-        lo, hi = ax.get_ylim()
-        if hi - lo < 5:  # a fraction of a point must not look like a collapse
-            mid = (lo + hi) / 2
-            ax.set_ylim(mid - 2.5, mid + 2.5)
-        if len(set(accuracy["group"])) > 1:
-            ax.legend(fontsize=7, loc="best")
     for ax in axes:
-        if logx:
-            ax.set_xscale("log")
-        elif logit:
-            ax.set_xscale("logit")
-            ax.set_xticks(xs, [f"{x:g}" for x in xs], fontsize=7)
-            ax.minorticks_off()
-        ax.set_xlabel(xkey)
-        ax.grid(True, alpha=0.3)
+        _strength_x_axis(ax, xs, xkey)
     seen: dict[str, object] = {}
     for ax in axes[: len(metrics)]:  # label-only attacks draw in the label panel only
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
-    handles, labels = list(seen.values()), list(seen)
-    if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
-    note = f"; triangles: PSNR above {PSNR_CAP:.0f} dB (visually exact) drawn at {PSNR_CAP:.0f}" if any_clipped[0] else ""
+    if seen:  # as many columns as fit the figure's width (about 9 characters per inch at 8 pt)
+        width = max(len(lab) for lab in seen) + 6
+        ncol = max(1, min(4, len(seen), int(fig.get_figwidth() * 9 / width)))
+        fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
+    note = f"; triangles: PSNR above {PSNR_CAP:.0f} dB (visually exact) drawn at {PSNR_CAP:.0f}" if any(clipped) else ""
     fig.suptitle(f"{title}  (dotted: no defense{note})", fontsize=10)
     return save_figure(fig, path)
 

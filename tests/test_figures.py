@@ -1,0 +1,141 @@
+"""The suite-level figures render their math (log axes' ticks), keep data text literal, and never overlap or clip
+their labels."""
+from __future__ import annotations
+
+import io
+import itertools
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gleak import figures
+
+
+def _lines(xs: list[float], attacks=("closed-form", "idlg")) -> pd.DataFrame:
+    rows = []
+    for a, x in itertools.product(attacks, xs):
+        rows.append({"attack": a, "group": "", "x": x, "psnr": 40 - 100 * x, "ssim": 0.9 - x / 2, "mse_median": 1e-4 + x,
+                     "lpips": None, "label_acc": 1.0, "psnr_err": 1.0, "ssim_err": 0.05, "lpips_err": None,
+                     "label_acc_err": 0.0})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture()
+def drawn(monkeypatch):
+    """The figures that save_figure wrote during the test (it still writes them)."""
+    caught = []
+    save = figures.save_figure
+
+    def keep(fig, path):
+        caught.append(fig)
+        return save(fig, path)
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    return caught
+
+
+def _svg(fig) -> str:
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as <text> elements, so the test can read it
+        fig.savefig(buf, format="svg")
+    return re.sub(r"<!--.*?-->", "", buf.getvalue(), flags=re.S)  # the drawn text, not the source in comments
+
+
+def test_log_axes_render_their_ticks_as_math(tmp_path, drawn):
+    """A noise strength figure (log x, log MSE): the rendered tick labels are powers of ten, not the formatter's
+    literal '$\\mathdefault{10^{-1}}$' (which matplotlib draws as written when math text is off)."""
+    lines = _lines([1e-3, 1e-2, 1e-1])
+    path = figures.strength_figure(lines, None, {"psnr": {"closed-form": 70.0}}, "sigma", tmp_path / "s.png", "noise")
+    assert path.is_file()
+    svg = _svg(drawn[0])
+    assert "mathdefault" not in svg and "10^{" not in svg
+    assert "\u2212" in svg  # the rendered minus sign of 10^-1, which only math text draws
+    fig = drawn[0]
+    r = _renderer(fig)
+    logged = [ax for ax in fig.axes if ax.get_xscale() == "log"]
+    assert logged
+    for ax in logged:  # each label drawn as math: narrower than its literal text would be
+        for t in ax.get_xticklabels():
+            if "mathdefault" in t.get_text() and t.get_visible():
+                assert t._preprocess_math(t.get_text())[1], t.get_text()
+                assert t.get_window_extent(r).width < 40, (t.get_text(), t.get_window_extent(r).width)
+
+
+def _renderer(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not hasattr(fig.canvas, "get_renderer"):
+        FigureCanvasAgg(fig)
+    fig.draw_without_rendering()
+    return fig.canvas.get_renderer()
+
+
+def _overlaps(boxes) -> list[tuple[int, int]]:
+    out = []
+    for (i, a), (j, b) in itertools.combinations(enumerate(boxes), 2):
+        if a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1:
+            out.append((i, j))
+    return out
+
+
+@pytest.mark.parametrize("xs", [[1e-4, 1e-3, 1e-2, 1e-1, 1.0], [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999]])
+def test_tick_labels_never_overlap(tmp_path, drawn, xs):
+    """Rendered x tick labels of every panel (log noise scales; a logit axis of close pruning ratios, ticked at the
+    values) have disjoint bounding boxes."""
+    figures.strength_figure(_lines(xs), None, {}, "ratio", tmp_path / "s.png", "topk")
+    fig = drawn[0]
+    r = _renderer(fig)
+    for ax in fig.axes:
+        lo, hi = sorted(ax.get_xlim())
+        boxes = [t.get_window_extent(r) for t in ax.get_xticklabels()
+                 if t.get_visible() and t.get_text() and lo <= t.get_position()[0] <= hi]  # fmt: skip
+        assert len(boxes) >= 2
+        assert not _overlaps(boxes), [t.get_text() for t in ax.get_xticklabels()]
+
+
+def test_a_legend_wider_than_the_panels_is_saved_whole(tmp_path, drawn):
+    """One panel (PSNR only) and an attack label longer than the figure is wide: the saved image holds all of it."""
+    from PIL import Image
+
+    long = "inverting-gradients " + ", ".join(f"parameter_{i}={i / 7:.4f}" for i in range(8))
+    lines = _lines([0.5, 0.9, 0.99], ("closed-form", long)).drop(columns=["ssim", "mse_median", "label_acc"])
+    path = figures.strength_figure(lines, None, {}, "ratio", tmp_path / "s.png", "topk")
+    fig = drawn[0]
+    box, saved = fig.get_tightbbox(_renderer(fig)), Image.open(path)
+    assert box.width > fig.get_figwidth()  # the case this test is about: wider than the figure laid out
+    assert box.width * fig.dpi <= saved.width + 2 and box.height * fig.dpi <= saved.height + 2
+
+
+def test_dollars_in_data_are_text_and_titles_are_not_clipped(tmp_path, drawn):
+    """A '$' in an attack's label is drawn as a dollar (it would be bad math text otherwise), and a reconstruction
+    grid of four attacks with long names keeps its title and column heads inside the saved image."""
+    from PIL import Image
+
+    img_dir = tmp_path / "images"
+    img_dir.mkdir()
+    Image.fromarray(np.full((200, 100, 3), 128, np.uint8)).save(img_dir / "a.png")
+    cols = ["dlg iterations=300, labels=soft, restarts=16", "dlg iterations=300, labels=idlg, restarts=16",
+            "inverting-gradients iterations=1200, tv=0.01, note=$\\frac{$",
+            "mine state=/data/checkpoints/my_model_trained_for_a_long_time.pt"]  # a word wider than its column
+    cells = pd.DataFrame({"row_label": ["none"] * 4, "col_label": cols, "image": ["a.png"] * 4, "psnr": [4.8, 27.4, 21.0, 9.0]})
+    title = "Reconstructions, skimage/lenet/B=1 (model_state=trained), seed 0"
+    path = figures.reconstruction_grid(cells, img_dir, tmp_path / "g.png", title)
+    fig = drawn[0]
+    svg = _svg(fig)
+    assert "$\\frac{$" in svg.replace("&#36;", "$")
+    saved = Image.open(path)
+    r = _renderer(fig)
+    box = fig.get_tightbbox(r)  # inches, from the figure's lower left: every text drawn, wherever it lies
+    inside = fig.bbox_inches if saved.size == (round(fig.bbox.width), round(fig.bbox.height)) else None
+    if inside is not None:  # saved at the figure's own size: then nothing may stick out of it
+        assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= inside.x1 and box.y1 <= inside.y1, (box, inside)
+    assert box.width * fig.dpi <= saved.width + 2 and box.height * fig.dpi <= saved.height + 2
+    from matplotlib.text import Annotation
+
+    heads = fig.findobj(Annotation)  # the column heads
+    assert len(heads) == 4
+    assert not _overlaps([t.get_window_extent(r) for t in heads])
