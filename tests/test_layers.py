@@ -25,7 +25,7 @@ LAYERS = [
     ("contracts", {"errors", "threat", "config", "registry", "plugin"}),
     # the computations: metrics, the round (protocol), the observation gate, models, data, and their small helpers
     ("mechanics", {"metrics", "protocol", "gate", "models", "data", "device", "guards", "heap", "progress",
-                   "secret_sharing", "dp_bound", "files"}),
+                   "secret_sharing", "dp_bound", "files", "contract"}),
     # the built-in plugins: they build on the contracts and the mechanics only (the registry finds them by name)
     ("plugins", {"attacks", "defenses", "protocols"}),
     # running trials and keeping their results: one trial, the runner and its workers, the store, the folder
