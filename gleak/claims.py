@@ -67,6 +67,11 @@ def _case_matches(r: Any, case: dict[str, Any]) -> bool:
     return all((r[k] == v) if k in CASE_COLUMNS else (full.get(k) == v) for k, v in case.items())
 
 
+def _case_key(js: Any) -> str:
+    """A trial's case without the protocol it names: the case an undefended twin shares."""
+    return json.dumps({k: v for k, v in _params(js).items() if k not in ("protocol", "protocol_params")}, sort_keys=True)
+
+
 def _strongest(g: pd.DataFrame) -> Any:
     img = g[g["psnr"].notna()]
     if not len(img):
@@ -88,8 +93,8 @@ def undefended_twin(r: Any, agg: pd.DataFrame) -> Any:
     for k in (*CASE_COLUMNS, "variant"):
         if k in agg.columns:
             same_case = same_case[same_case[k] == r[k]]
-    if "case" in agg.columns:
-        same_case = same_case[same_case["case"] == r.get("case")]
+    if "case" in agg.columns:  # the same case; a protocol named in [case] is the defense, so it may differ
+        same_case = same_case[same_case["case"].map(_case_key) == _case_key(r.get("case"))]
     exact = same_case[same_case["attack_params"] == r["attack_params"]]
     if len(exact):
         return _strongest(exact)
@@ -136,6 +141,10 @@ def judge(claim: dict[str, Any], agg: pd.DataFrame) -> dict[str, Any]:
     out: dict[str, Any] = {"claim": claim, "plain": None, "adaptive": None, "twin": {}, "elsewhere": there, "here": here}
     if not len(here):
         return {**out, "verdict": "not run", "why": "no trial of this suite is at the claim's setting"}
+    na = here[[int(r.get("not_applicable", 0) or 0) >= int(r.get("trials", 0) or 0) > 0 for _, r in here.iterrows()]]
+    if len(na):  # an attack the protocol or the model forbids: part of the evidence, never a leak
+        names = ", ".join(sorted(set(na["attack"])))
+        out["not_applicable"] = f"; not applicable at this setting (the protocol or model forbids what they need): {names}"
     twins = {i: undefended_twin(r, agg) for i, r in here.iterrows()}
     fit = here[[twins[i] is not None and twins[i]["verdict"] == "recovered" for i in here.index]]
     out["twin"] = twins
@@ -144,10 +153,11 @@ def judge(claim: dict[str, Any], agg: pd.DataFrame) -> dict[str, Any]:
         why = (f"{best['attack']} does not recover the undefended case at this setting (no defense: {best['verdict']} at "
                f"{best['psnr']:.1f} dB): no attack here can judge the defense") if best is not None else \
               "no undefended trial at this setting: no attack here is shown to work"  # fmt: skip
-        return {**out, "verdict": "inconclusive", "why": why}
+        return {**out, "verdict": "inconclusive", "why": why + out.get("not_applicable", "")}
     aware = fit["attack_params"].map(_is_aware)
     out["plain"], out["adaptive"] = _strongest(fit[~aware]), _strongest(fit[aware])
-    return {**out, **_verdict(claim["expect"], out["plain"], out["adaptive"], twins, fit)}
+    said = _verdict(claim["expect"], out["plain"], out["adaptive"], twins, fit)
+    return {**out, **said, "why": said["why"] + out.get("not_applicable", "")}
 
 
 def _twin_of(r: Any, twins: dict, fit: pd.DataFrame) -> Any:

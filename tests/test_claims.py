@@ -135,6 +135,16 @@ def test_the_adaptive_side_decides_and_a_leak_claim_can_be_not_reproduced():
     assert "3/3 recovered [95% 44%, 100%]" in judge(CLAIM_D, agg)["why"]
 
 
+def test_not_applicable_attacks_are_named_and_a_protocol_in_the_case_keeps_its_twin():
+    sa = {**_row("closed-form", False, 12.0, "defended", dp="{}", defense="sa", recovered=0.0),
+          "case": json.dumps({"batch_size": 1, "protocol": "secure-aggregation"})}  # fmt: skip
+    na = {**_row("fishing", False, float("nan"), None, dp="{}", defense="sa"), "not_applicable": 3, "case": sa["case"]}
+    base = {**_none("closed-form", 120.0, "recovered"), "case": json.dumps({"batch_size": 1, "protocol": "fedsgd"})}
+    claim = {**CLAIM_D, "defense": "sa", "attacks": ["closed-form", "fishing"]}
+    j = judge(claim, pd.DataFrame([base, sa, na]).assign(psnr=lambda d: d["psnr"].where(d["psnr"].notna(), None)))
+    assert j["verdict"] == "holds" and "not applicable at this setting" in j["why"] and "fishing" in j["why"], j["why"]
+
+
 def test_wilson_interval():
     lo, hi = wilson(3, 3)
     assert abs(lo - 0.4385) < 1e-3 and hi == 1.0
