@@ -1,10 +1,8 @@
 """The active server: per-client models where the protocol lets the server choose them, and the three attacks
 built on it (model inconsistency, Fishing, trap weights), through secure aggregation and CGD."""
-import csv
 import json
 import statistics
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +16,6 @@ from gleak.protocol import batch_gradient
 from gleak.threat import Knowledge
 from gleak.trial import attacker_knowledge, draw_batches, execute, load_case_data, run_trial
 
-ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2, 3, 4)
 
 
