@@ -365,12 +365,9 @@ def one_spelling(defense: str, defense_params: dict[str, Any], case: CaseConfig)
 _grid = expand_grid  # the name this module uses
 
 
-def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Suite:
-    """Parse, validate and expand a suite file. Raises InputError (one line) on any problem."""
-    path = Path(path)
-    where = _Where(path)
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        doc = tomllib.loads(path.read_bytes().decode("utf-8"))
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: suite file not found") from None
     except UnicodeDecodeError as exc:
@@ -379,6 +376,40 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
         raise InputError(f"{path}: cannot read the suite file: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML: {exc}") from None
+
+
+def _grid_tables(doc: dict[str, Any], grids: Any, where: _Where, name: str, seeds: list[int]) -> list[TrialConfig]:
+    """The trials of the [[grid]] tables, in order: each grid's [case] over the file's, its own attacks, defenses
+    and seeds where it names them."""
+    if not isinstance(grids, list):
+        raise where.error("grid", None, "must be an array of tables ([[grid]])")
+    trials: list[TrialConfig] = []
+    for i, g in enumerate(grids, 1):
+        table = f"grid #{i}" + (f" ({g.get('name')})" if isinstance(g, dict) and g.get("name") else "")
+        if not isinstance(g, dict):
+            raise where.error(table, None, "must be a table")
+        for k in g:
+            if k not in GRID_KEYS:
+                raise where.error(table, k, f"unknown key{_close(k, GRID_KEYS)} (keys: {', '.join(sorted(GRID_KEYS))})")
+        for key, t in (("case", g), ("case", doc)):
+            if not isinstance(t.get(key, {}), dict):
+                raise where.error(table if t is g else "case", key if t is g else None, "must be a table")
+        merged = {
+            "case": {**_current(doc.get("case", {}), CASE_RENAMED, where, "case"),
+                     **_current(g.get("case", {}), CASE_RENAMED, where, table)},
+            "attack": g.get("attack", doc.get("attack")),
+            "defense": g.get("defense", doc.get("defense")),
+        }
+        grid_seeds = _seeds(g["seeds"], where, table) if "seeds" in g else seeds
+        trials += _grid(merged, where, table, name, grid_seeds)
+    return trials
+
+
+def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Suite:
+    """Parse, validate and expand a suite file. Raises InputError (one line) on any problem."""
+    path = Path(path)
+    where = _Where(path)
+    doc = _read_toml(path)
     allowed = TOP_TABLES | set(extra_tables)
     for k in doc:
         if k not in allowed:
@@ -416,26 +447,7 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     if grids is None:
         trials = _grid(doc, where, "suite", name, seeds)
     else:
-        if not isinstance(grids, list):
-            raise where.error("grid", None, "must be an array of tables ([[grid]])")
-        for i, g in enumerate(grids, 1):
-            table = f"grid #{i}" + (f" ({g.get('name')})" if isinstance(g, dict) and g.get("name") else "")
-            if not isinstance(g, dict):
-                raise where.error(table, None, "must be a table")
-            for k in g:
-                if k not in GRID_KEYS:
-                    raise where.error(table, k, f"unknown key{_close(k, GRID_KEYS)} (keys: {', '.join(sorted(GRID_KEYS))})")
-            for key, t in (("case", g), ("case", doc)):
-                if not isinstance(t.get(key, {}), dict):
-                    raise where.error(table if t is g else "case", key if t is g else None, "must be a table")
-            merged = {
-                "case": {**_current(doc.get("case", {}), CASE_RENAMED, where, "case"),
-                         **_current(g.get("case", {}), CASE_RENAMED, where, table)},
-                "attack": g.get("attack", doc.get("attack")),
-                "defense": g.get("defense", doc.get("defense")),
-            }
-            grid_seeds = _seeds(g["seeds"], where, table) if "seeds" in g else seeds
-            trials += _grid(merged, where, table, name, grid_seeds)
+        trials = _grid_tables(doc, grids, where, name, seeds)
     unique: dict[str, TrialConfig] = {}
     for t in trials:
         unique.setdefault(t.trial_id, dataclasses.replace(t, verdict=verdict))  # asked for twice: runs once
