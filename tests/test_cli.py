@@ -21,7 +21,9 @@ name = "small"
 seeds = [0, 1]
 [case]
 dataset = "skimage"
+resolution = 16
 model = "mlp"
+model_params = { hidden = [32] }
 batch_size = [1, 2]
 [[attack]]
 name = "closed-form"

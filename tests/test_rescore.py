@@ -3,7 +3,6 @@ from the committed files of a results folder (issue 11)."""
 import shutil
 import sqlite3
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -32,13 +31,12 @@ sigma = [0.01]
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from conftest import _env
+    """The suite's folder, written in this process (the commands under test run as subprocesses)."""
+    from gleak.cli import main
 
     d = tmp_path_factory.mktemp("resc")
     (d / "s.toml").write_text(SUITE)
-    env = {**_env(), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "gleak", "run", str(d / "s.toml"), "--out", str(d / "out"), "--no-progress"],
-                   check=True, env=env, capture_output=True)  # fmt: skip
+    assert main(["run", str(d / "s.toml"), "--out", str(d / "out"), "--no-progress", "--in-process"]) == 0
     return d / "out"
 
 

@@ -29,13 +29,17 @@ def test_show_attack_dlg_lists_parameters_defaults_choices_needs_and_docstring(g
     assert "check-plugin runs it with: iterations=2, max_iter=5" in out
 
 
-def test_show_defense_protocol_and_model(gleak_cmd, run_env):
+def test_show_defense_protocol_and_model(gleak_cmd, run_env, capsys):
+    """The defense as the user runs it; the protocol and the model through cli.main, as `python -m gleak` calls it."""
+    from gleak.cli import main
+
     topk = _run(gleak_cmd, ["show", "defense", "topk"], run_env)
     assert topk.returncode == 0 and "ratio" in topk.stdout and "stateful:" in topk.stdout
-    proto = _run(gleak_cmd, ["show", "protocol", "secure-aggregation"], run_env)
-    assert proto.returncode == 0 and "Bonawitz" in proto.stdout
-    model = _run(gleak_cmd, ["show", "model", "resnet20"], run_env)
-    assert model.returncode == 0 and "width" in model.stdout and "input_shape" not in model.stdout
+    assert main(["show", "protocol", "secure-aggregation"]) == 0
+    assert "Bonawitz" in capsys.readouterr().out
+    assert main(["show", "model", "resnet20"]) == 0
+    model = capsys.readouterr().out
+    assert "width" in model and "input_shape" not in model
 
 
 def test_show_unknown_name_is_exit_2_with_close_matches(gleak_cmd, run_env):
@@ -162,7 +166,7 @@ name = "none"
         assert (w, h) == (64 + 4, 2 * (64 + 2) + 2)  # one 64x64 image above its 64x64 reconstruction
 
 
-def test_unsupported_cases_are_not_applicable_exit_0_and_not_retried(tmp_path, gleak_cmd, run_env):
+def test_unsupported_cases_are_not_applicable_exit_0_and_not_retried(tmp_path, gleak_cmd, run_env, capfd):
     """closed-form cannot attack LeNet (no linear first layer): those trials are stored as "not-applicable" with the reason, the
     run exits 0, the leaderboard says so, and a rerun does not compute them again."""
     suite = tmp_path / "conv.toml"
@@ -192,8 +196,11 @@ name = "none"
     md = (out / "leaderboard.md").read_text()
     assert "4 trials: 2 ok, 0 failed, 2 not applicable" in md and "## Not applicable" in md
     assert "## Failed trials" not in md
-    again = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
-    assert again.returncode == 0 and "0 trials run, 4 already stored" in again.stderr
+    from gleak.cli import main  # the rerun through cli.main, as `python -m gleak` calls it
+
+    capfd.readouterr()
+    assert main(["run", str(suite), "--out", str(out), "--no-progress"]) == 0
+    assert "0 trials run, 4 already stored" in capfd.readouterr().err
 
 
 def test_a_rerun_with_every_trial_stored_leaves_the_published_folder_byte_identical(tmp_path):
