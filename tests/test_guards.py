@@ -258,3 +258,18 @@ def test_the_cgd_engine_is_algorithm_2_on_unequal_sample_blocks(n, rows, cols, s
     for l in range(part.m):
         for got, want in zip(net.participant_params(l), ref[l]):
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_reset_starts_the_privacy_spent_afresh():
+    from gleak.registry import create
+
+    d = create("defense", "noise", mode="dp", noise_multiplier=1.3)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    x, y, g = torch.randn(2, 1, 2, 2), torch.tensor([0, 2]), torch.Generator().manual_seed(0)
+    for _ in range(3):
+        d.client_gradient(model, x, y, g)
+    assert d.privacy_spent() == pytest.approx(_stepped_epsilon(1.3, 3), rel=1e-9)
+    d.reset()  # a new trial or a new training run: the accountant starts again
+    assert d.privacy_spent() is None
+    d.client_gradient(model, x, y, g)
+    assert d.privacy_spent() == pytest.approx(_stepped_epsilon(1.3, 1), rel=1e-9)
