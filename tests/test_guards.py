@@ -235,6 +235,27 @@ def test_a_rerun_retries_the_failed_trials_and_only_them(tmp_path):
     assert run_suite(suite, out, progress=False, in_process=True).ran == 0  # nothing left to do
 
 
+def test_rescore_writes_back_what_it_recomputes_into_the_stored_extra(tmp_path):
+    import json
+    import sqlite3
+
+    from gleak.reconstructions import rescore
+    from gleak.runner import run_suite
+    from gleak.suite import load_suite
+
+    (tmp_path / "s.toml").write_text(RESUME_SUITE.replace("seeds = [0, 1, 2]", "seeds = [0]"))
+    out = tmp_path / "out"
+    run_suite(load_suite(tmp_path / "s.toml"), out, progress=False, in_process=True)
+    with sqlite3.connect(out / "results.sqlite") as db:
+        before = json.loads(db.execute("SELECT extra FROM trials").fetchone()[0])
+        db.execute("UPDATE trials SET extra = '{}'")  # as stored by a gleak before the blind guess was scored
+    assert rescore(out, ["blind", "verdict"]) == 1
+    with sqlite3.connect(out / "results.sqlite") as db:
+        after = json.loads(db.execute("SELECT extra FROM trials").fetchone()[0])
+    for k in ("blind_mse", "blind_psnr", "half_mse", "verdict_rule"):
+        assert after[k] == pytest.approx(before[k]) if k != "verdict_rule" else after[k] == before[k] == "margin"
+
+
 # ---- CGD: the engine against Algorithm 2 on unequal sample blocks ------------------------------------------------
 @pytest.mark.parametrize("n, rows, cols", [(11, 3, 1), (10, 4, 1), (11, 3, 2)])
 @pytest.mark.parametrize("secure_sum", ["float", "protocol"])
