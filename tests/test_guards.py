@@ -235,6 +235,27 @@ def test_a_rerun_retries_the_failed_trials_and_only_them(tmp_path):
     assert run_suite(suite, out, progress=False, in_process=True).ran == 0  # nothing left to do
 
 
+def test_rescore_writes_back_what_it_recomputes_into_the_stored_extra(tmp_path):
+    import json
+    import sqlite3
+
+    from gleak.reconstructions import rescore
+    from gleak.runner import run_suite
+    from gleak.suite import load_suite
+
+    (tmp_path / "s.toml").write_text(RESUME_SUITE.replace("seeds = [0, 1, 2]", "seeds = [0]"))
+    out = tmp_path / "out"
+    run_suite(load_suite(tmp_path / "s.toml"), out, progress=False, in_process=True)
+    with sqlite3.connect(out / "results.sqlite") as db:
+        before = json.loads(db.execute("SELECT extra FROM trials").fetchone()[0])
+        db.execute("UPDATE trials SET extra = '{}'")  # as stored by a gleak before the blind guess was scored
+    assert rescore(out, ["blind", "verdict"]) == 1
+    with sqlite3.connect(out / "results.sqlite") as db:
+        after = json.loads(db.execute("SELECT extra FROM trials").fetchone()[0])
+    for k in ("blind_mse", "blind_psnr", "half_mse", "verdict_rule"):
+        assert after[k] == pytest.approx(before[k]) if k != "verdict_rule" else after[k] == before[k] == "margin"
+
+
 # ---- CGD: the engine against Algorithm 2 on unequal sample blocks ------------------------------------------------
 @pytest.mark.parametrize("n, rows, cols", [(11, 3, 1), (10, 4, 1), (11, 3, 2)])
 @pytest.mark.parametrize("secure_sum", ["float", "protocol"])
@@ -258,3 +279,18 @@ def test_the_cgd_engine_is_algorithm_2_on_unequal_sample_blocks(n, rows, cols, s
     for l in range(part.m):
         for got, want in zip(net.participant_params(l), ref[l]):
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_reset_starts_the_privacy_spent_afresh():
+    from gleak.registry import create
+
+    d = create("defense", "noise", mode="dp", noise_multiplier=1.3)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    x, y, g = torch.randn(2, 1, 2, 2), torch.tensor([0, 2]), torch.Generator().manual_seed(0)
+    for _ in range(3):
+        d.client_gradient(model, x, y, g)
+    assert d.privacy_spent() == pytest.approx(_stepped_epsilon(1.3, 3), rel=1e-9)
+    d.reset()  # a new trial or a new training run: the accountant starts again
+    assert d.privacy_spent() is None
+    d.client_gradient(model, x, y, g)
+    assert d.privacy_spent() == pytest.approx(_stepped_epsilon(1.3, 1), rel=1e-9)
