@@ -32,6 +32,9 @@ def image_grid(rows: list[Tensor], scale: int = 4, pad: int = 2) -> np.ndarray:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename: a reader never sees half a file."""
+    from gleak.folder import refuse_link
+
+    refuse_link(path)  # images/ or figures/ as a link out of the folder: nothing written through it
     path.parent.mkdir(parents=True, exist_ok=True)
     # The name says whose it is: gleak.folder.clean_partial_files removes only these (left by a killed writer).
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.gleak-tmp-")
