@@ -119,6 +119,12 @@ def rescore(folder: str | Path, metrics: list[str], lpips_weights: str | None = 
     folder = Path(folder)
     if not Store.exists(folder):
         raise InputError(f"{folder}: no results here (expected results.sqlite; run `gleak run` first)")
+    store = Store(folder, create=False)
+    try:  # every array checked before the lock is taken: damaged arrays change nothing, not even the lock's holder
+        for trial_id, blob, _ in store.reconstructions():
+            unpack(blob, trial_id)
+    finally:
+        store.close()
     lock = take_lock(folder)
     try:
         store = Store(folder)

@@ -109,6 +109,7 @@ def _arrays(kind, good):
 def test_damaged_arrays_make_rescore_one_line(t1, tmp_path, capsys, kind):
     out = copy(t1, tmp_path)
     _sql(out, "UPDATE reconstructions SET arrays = ?", _arrays(kind, _good(out)))
+    (out / ".lock").write_text("1")  # another process's id: taking the lock would rewrite it
     refused(["rescore", str(out)], out, capsys, "table reconstructions")
 
 
