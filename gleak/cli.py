@@ -131,12 +131,8 @@ def _check_lpips_env() -> None:
 def cmd_plot(args: argparse.Namespace) -> int:
     from gleak import folder as owned
     from gleak.report import write_figures
-    from gleak.store import check_store
 
-    folder = Path(args.dir)
-    if not folder.is_dir() or not (check_store(folder) or (folder / "results.csv").is_file()):
-        raise InputError(f"{args.dir}: no results here (expected results.sqlite or results.csv; run `gleak run` first)")
-    owned.claim(args.dir, False, check_store).save()
+    owned.claim_results(args.dir).save()
     figures = write_figures(args.dir)
     owned.record(args.dir, [Path(args.dir) / rel for rel, _ in figures])
     for rel, _ in figures:
@@ -150,6 +146,9 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     from gleak.report import write_folder_reports as write_reports
 
     if args.claims:
+        from gleak.folder import claim_results
+
+        claim_results(args.dir)  # gleak's folder with readable results, before anything in it changes
         _take_claims(Path(args.dir), args.claims)
     paths = write_reports(args.dir)
     for p in paths.values():
@@ -171,13 +170,15 @@ def _take_claims(folder: Path, suite_file: str) -> None:
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
+    from gleak.folder import claim_results
+    from gleak.report import write_folder_reports as write_reports
     from gleak.reconstructions import parse_metrics, rescore
-    from gleak.report import write_reports
 
     if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
         raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
     _check_lpips_env()
     metrics = parse_metrics(args.metrics)
+    claim_results(args.dir)  # as `gleak leaderboard`: gleak's folder, no user's file where a report goes
     n = rescore(args.dir, metrics, args.lpips_backbone)
     print(f"gleak: rescored {', '.join(metrics)} of {n} trials from their stored reconstructions", file=sys.stderr)
     for p in write_reports(args.dir).values():

@@ -77,3 +77,30 @@ def _set_state(dtype: torch.dtype, grad: bool, deterministic: bool, warn_only: b
     torch.set_grad_enabled(grad)
     torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
     torch.autograd.set_detect_anomaly(anomaly)
+
+
+class ExitCalled(SystemExit):
+    """Raised in place of os._exit by `no_exit`: a plugin tried to end the process."""
+
+
+@contextlib.contextmanager
+def no_exit() -> Iterator[None]:
+    """While a plugin file is imported or a plugin built (gleak.registry), os._exit raises ExitCalled instead of
+    ending gleak's process: the caller turns it, like sys.exit's SystemExit, into one line naming the plugin."""
+    import os
+
+    real = os._exit
+
+    def refuse(code: int = 0) -> None:
+        raise ExitCalled(f"called os._exit({code!r})")
+
+    os._exit = refuse
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
+def exit_text(exc: SystemExit) -> str:
+    """What a plugin's attempt to end the process was, in words."""
+    return str(exc) if isinstance(exc, ExitCalled) else f"called sys.exit({exc.code!r})"

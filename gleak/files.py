@@ -9,9 +9,19 @@ import os
 import tempfile
 from pathlib import Path
 
+from gleak.errors import InputError
+
+
+def refuse_link(path: Path) -> None:
+    """InputError when the folder that `path` is written into is a symbolic link (`atomic_write_bytes` calls this
+    before every write: images/ or figures/ replaced by a link mid-run still writes nothing outside)."""
+    if path.parent.is_symlink():
+        raise InputError(f"{path.parent}: a symbolic link, where gleak writes its own files; nothing written there")
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename: a reader never sees half a file."""
+    refuse_link(path)  # images/ or figures/ as a link out of the folder: nothing written through it
     path.parent.mkdir(parents=True, exist_ok=True)
     # The name says whose it is: gleak.folder.clean_partial_files removes only these (left by a killed writer).
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.gleak-tmp-")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable
 
 from gleak.errors import InputError
+from gleak.files import refuse_link  # noqa: F401 - public here too: the folder's writers call it
 
 MANIFEST = "gleak-manifest.json"
 FORMAT = 1
@@ -29,10 +30,12 @@ FORMAT = 1
 TOP_FILES = (
     "results.sqlite", "results.sqlite-wal", "results.sqlite-shm", "results.sqlite-journal", ".lock", MANIFEST,
     "results.csv", "utility.csv", "leaderboard.md", "leaderboard.html", "leaderboard.csv", "leaderboard_by_case.csv",
-    "leaderboard.tex",
+    "leaderboard.tex", "suite.json",
 )  # fmt: skip
 REPORT_FILES = ("results.csv", "utility.csv", "leaderboard.md", "leaderboard.html", "leaderboard.csv",
-                "leaderboard_by_case.csv", "leaderboard.tex")
+                "leaderboard_by_case.csv", "leaderboard.tex", "suite.json")
+# Written by gleak before its manifests listed them: in a folder that was gleak's already, not a user's file.
+LISTED_LATER = ("suite.json",)
 # Files below: images/<trial id>.png, figures/<one of gleak's prefixes>*.png.
 _IMAGE = re.compile(r"^[0-9a-f]{8,64}\.png$")
 FIGURE_PREFIXES = ("reconstructions_", "strength_", "frontier", "utility_curves")
@@ -170,6 +173,12 @@ def claim(folder: str | Path, force: bool = False, check_store=None) -> Manifest
     check_path(folder)
     if not folder.exists():
         return Manifest(folder)
+    check_no_links(folder)
+    if not force and not (folder / MANIFEST).exists() and not (folder / "results.sqlite").exists():
+        foreign = _foreign_entry(folder)  # `--out /` or a home folder: refused without walking it
+        if foreign is not None:
+            raise InputError(f"{folder}: not a gleak output folder (no {MANIFEST}) and not empty ({foreign} is not "
+                             f"gleak's); use a new or empty folder, or --force to add gleak's files beside them")  # fmt: skip
     try:  # the lock file is gleak's wherever it is (a run creates it before its second look)
         files = [f for f in user_files(folder) if f != ".lock"]
     except OSError as exc:
@@ -196,11 +205,38 @@ def claim(folder: str | Path, force: bool = False, check_store=None) -> Manifest
         raise InputError(f"{folder / 'results.sqlite'}: not written by gleak; move it away or use another --out")
     store_side = ("results.sqlite-wal", "results.sqlite-shm", "results.sqlite-journal")
     ours = set(manifest.files) | (set(store_side) if "results.sqlite" in manifest.files or gleaks else set())
-    clash = [f for f in files if is_gleak_name(f) and f not in ours and not (ours_before and "/" in f)]
+    clash = [f for f in files if is_gleak_name(f) and f not in ours and not (ours_before and ("/" in f or f in LISTED_LATER))]
     if clash:
         more = f" and {len(clash) - 1} more" if len(clash) > 1 else ""
         raise InputError(f"{folder / clash[0]}{more}: a file gleak did not write, at a path gleak writes; move it away or use another --out")
     return manifest
+
+
+def _foreign_entry(folder: Path) -> str | None:
+    """The first entry of a folder without a manifest or store that is not one of gleak's remnants (its lock, its
+    temporary files), reading its top level only (and images/ and figures/, gleak's own names); None if none."""
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.name in ("images", "figures") and e.is_dir(follow_symlinks=False):
+                    rest = [f for f in user_files(Path(e.path)) if not _is_partial(f"{e.name}/{f}")]
+                    if rest:
+                        return f"{e.name}/{rest[0]}"
+                elif e.name != ".lock" and not _is_partial(e.name):
+                    return e.name
+    except OSError as exc:
+        raise _os_problem(folder, exc) from None
+    return None
+
+
+def check_no_links(folder: Path) -> None:
+    """InputError when a path gleak writes in `folder` (images/, figures/, a top-level file) is a symbolic link: a
+    write or a delete there would land wherever the link points, outside the folder."""
+    for name in ("images", "figures", *TOP_FILES):
+        p = folder / name
+        if p.is_symlink():
+            raise InputError(f"{p}: a symbolic link, where gleak writes its own files; replace it by a folder or file, "
+                             "or use another --out")  # fmt: skip
 
 
 def _is_partial(rel: str) -> bool:
@@ -220,8 +256,11 @@ def owns(folder: str | Path, path: str | Path) -> bool:
 
 def remove_owned(folder: str | Path, path: str | Path) -> bool:
     """Delete `path` if gleak wrote it (per the manifest); a user's file is left alone. Returns whether deleted."""
-    if owns(folder, path):
-        Path(path if Path(path).is_absolute() else Path(folder) / path).unlink(missing_ok=True)
+    rel = _rel(Path(folder), path)
+    if rel is not None and owns(folder, rel):
+        target = Path(folder) / rel  # `path` may name the folder already (a relative folder): joined once
+        refuse_link(target)
+        target.unlink(missing_ok=True)
         return True
     return False
 
@@ -253,4 +292,21 @@ def record(folder: str | Path, written: Iterable[str | Path]) -> None:
     m = Manifest.load(folder) or Manifest(folder)
     m.add(written)
     m.save()
+
+
+def claim_results(folder: str | Path) -> Manifest:
+    """The manifest of a folder that holds results gleak can read (its store, or a published folder's results.csv
+    and suite.json, each checked: gleak.stored) and whose report paths hold no user's file; InputError otherwise,
+    having changed nothing. What `leaderboard`, `plot` and `rescore` check before they write."""
+    from gleak.store import check_store
+    from gleak.stored import check_committed
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: no such folder")
+    if not check_store(folder):
+        if not (folder / "results.csv").is_file():
+            raise InputError(f"{folder}: no results here (expected results.sqlite or results.csv; run `gleak run` first)")
+        check_committed(folder)  # a published folder rebuilds from its csv
+    return claim(folder, False, check_store)  # gleak's folder, no user file where a report goes
 

@@ -46,12 +46,44 @@ def pack(truth: Tensor, truth_y: Tensor, rec: Tensor, rec_y: Tensor | None, blin
     return buf.getvalue()
 
 
-def unpack(blob: bytes) -> dict[str, Tensor | None]:
-    with np.load(io.BytesIO(blob)) as z:
-        out: dict[str, Tensor | None] = {k: torch.from_numpy(z[k].copy()) for k in z.files}
+MAX_LABEL = 1 << 20  # a stored label at or above this is damage (and would make label scoring allocate gigabytes)
+
+
+def unpack(blob: bytes, trial_id: str = "") -> dict[str, Tensor | None]:
+    """One trial's arrays from `pack`'s bytes, checked: InputError (one line naming the trial) unless they are the
+    arrays `pack` writes (a store is a file anyone can edit; a pickled array is never loaded)."""
+    where = f"results.sqlite: table reconstructions, trial {trial_id[:40]!r}:"
+    try:
+        with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as exc:  # noqa: BLE001 - random bytes, a truncated archive, a pickled array: all damage
+        raise InputError(f"{where} damaged arrays ({type(exc).__name__}); rerun the trial or restore the store") from None
+    problem = _arrays_problem(arrays)
+    if problem:
+        raise InputError(f"{where} {problem}; rerun the trial or restore the store")
+    out: dict[str, Tensor | None] = {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}
     out.setdefault("rec_y", None)
     out.setdefault("original", None)
     return out
+
+
+def _arrays_problem(a: dict[str, np.ndarray]) -> str | None:
+    missing = [k for k in ("truth", "truth_y", "rec", "blind") if k not in a]
+    if missing or set(a) - {"truth", "truth_y", "rec", "blind", "rec_y"}:
+        return f"not gleak's arrays (keys {', '.join(sorted(a))})"
+    for k in ("truth", "rec", "blind"):
+        if a[k].dtype.kind != "f" or a[k].ndim != 4 or not np.isfinite(a[k]).all():
+            return f"array {k} is not a finite (n, C, H, W) floating array"
+    shape = a["truth"].shape[1:]
+    if a["rec"].shape[1:] != shape or a["blind"].shape != (1, *shape):
+        return f"arrays of shapes {a['truth'].shape}, {a['rec'].shape}, {a['blind'].shape} do not match"
+    for k in ("truth_y", "rec_y"):
+        y = a.get(k)
+        if y is not None and (y.dtype.kind not in "iu" or y.ndim != 1 or (y.size and not 0 <= y.min() <= y.max() < MAX_LABEL)):
+            return f"array {k} is not a 1-D array of class indices"
+    if len(a["truth_y"]) != len(a["truth"]):
+        return f"{len(a['truth_y'])} labels for {len(a['truth'])} images"
+    return None
 
 
 def parse_metrics(text: str | None) -> list[str]:
@@ -76,7 +108,7 @@ def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[s
     keys = {k for m in metrics for k in RESCORABLE[m]}
     out = []
     for trial_id, blob, extra_js in items:
-        a = unpack(blob)
+        a = unpack(blob, trial_id)
         extra = json.loads(extra_js) if extra_js else {}
         row_rule = extra.get("verdict_rule") or rule
         s = score(a["truth"], a["truth_y"], a["rec"], a["rec_y"], lpips_weights, a["blind"], row_rule)
@@ -104,6 +136,12 @@ def rescore(folder: str | Path, metrics: list[str], lpips_weights: str | None = 
     folder = Path(folder)
     if not Store.exists(folder):
         raise InputError(f"{folder}: no results here (expected results.sqlite; run `gleak run` first)")
+    store = Store(folder, create=False)
+    try:  # every array checked before the lock is taken: damaged arrays change nothing, not even the lock's holder
+        for trial_id, blob, _ in store.reconstructions():
+            unpack(blob, trial_id)
+    finally:
+        store.close()
     lock = take_lock(folder)
     try:
         store = Store(folder)

@@ -292,10 +292,15 @@ class Registry:
         return stored
 
     def create(self, name: str, *args: Any, **params: Any) -> Any:
+        from gleak.contract import exit_text, no_exit
+
         self.check_params(name, params)
         obj = self.info(name).obj
         try:
-            return obj(*args, **params)
+            with no_exit():
+                return obj(*args, **params)
+        except SystemExit as exc:  # sys.exit or os._exit in __init__: the plugin's failure, never gleak's exit
+            raise ParamError(f"{self.kind} {name!r}: __init__ {exit_text(exc)}") from None
         except (ValueError, TypeError) as exc:
             raise ParamError(f"{self.kind} {name!r}: {exc}") from exc
         except InputError:
@@ -402,10 +407,13 @@ def load_plugin_file(path: str | Path) -> list[tuple[str, str]]:
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
         raise InputError(f"{path}: not an importable Python file")
+    from gleak.contract import exit_text, no_exit
+
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
+        with no_exit():
+            spec.loader.exec_module(module)
     except InputError as exc:
         sys.modules.pop(mod_name, None)
         raise InputError(f"{path}: {exc}") from exc
@@ -413,6 +421,8 @@ def load_plugin_file(path: str | Path) -> list[tuple[str, str]]:
         sys.modules.pop(mod_name, None)
         line = getattr(exc, "lineno", None)
         where = f"{path}:{line}" if line else str(path)
+        if isinstance(exc, SystemExit):
+            raise InputError(f"{where}: plugin file failed to import: it {exit_text(exc)}") from None
         raise InputError(f"{where}: plugin file failed to import: {type(exc).__name__}: {exc}") from exc
     after = {(k, n) for k, r in _REGISTRIES.items() for n in r._plugins}
     return sorted(after - before)

@@ -276,14 +276,9 @@ def write_folder_reports(folder: str | Path, suite: str | None = None, descripti
     """Write the folder's reports from its store (`write_reports`) and record them in its manifest (gleak.folder);
     the folder must be gleak's (InputError otherwise, nothing written)."""
     from gleak import folder as owned
-    from gleak.store import check_store
 
     folder = Path(folder)
-    if not folder.is_dir():
-        raise InputError(f"{folder}: no such folder")
-    if not check_store(folder) and not (folder / "results.csv").is_file():  # a shipped folder rebuilds from its csv
-        raise InputError(f"{folder}: no results here (expected results.sqlite or results.csv; run `gleak run` first)")
-    m = owned.claim(folder, False, check_store)  # gleak's folder, no user file where a report goes
+    m = owned.claim_results(folder)  # results gleak can read, gleak's folder, no user file where a report goes
     m.add(owned.REPORT_FILES)
     m.save()
     paths = write_reports(folder, suite, description)

@@ -271,7 +271,7 @@ def run_suite(
             on_start(len(todo), len(suite.trials) - len(todo))
         costs = {t.trial_id: costs_all[t.trial_id] for t in todo}
         todo = longest_first(todo, costs)
-        env = TrialEnv(lpips_weights, str(out / "images") if suite.save_images else None, tuple(plugin_files), threads, device, verbose)
+        env = TrialEnv(lpips_weights, str(Path(out).absolute() / "images") if suite.save_images else None, tuple(plugin_files), threads, device, verbose)
         bar = stack.enter_context(contextlib.closing(Progress(len(todo), sum(costs.values()), progress and bool(todo))))
         failed = 0
 

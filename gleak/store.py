@@ -30,6 +30,7 @@ from filelock import FileLock, Timeout
 
 from gleak.config import TrialConfig
 from gleak.errors import InputError
+from gleak.stored import check_rows, meta_value
 
 DB_NAME = "results.sqlite"
 # The status of a trial whose plugin raised UnsupportedCase: stored, not retried, not a failure (exit status 0);
@@ -120,6 +121,7 @@ def check_store(folder: str | Path) -> bool:
         check = con.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             raise InputError(f"{where} damaged ({check}); restore it from a copy or use another --out")
+        check_rows(con, where)  # every value a reader will use, before anything reads or rewrites it
     except sqlite3.DatabaseError as exc:
         raise InputError(f"{where} damaged or not a gleak store ({exc}); left untouched") from None
     finally:
@@ -303,7 +305,7 @@ class Store:
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else default
+        return meta_value(key, row[0], f"{self.path}:") if row else default
 
     def put(self, cfg: TrialConfig, row: dict[str, Any]) -> None:
         """Write one finished trial (replacing an earlier failed attempt of the same trial) in one transaction."""

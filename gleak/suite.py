@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ GRID_KEYS = {"name", "seeds", "case", "attack", "defense"}
 MAX_SEED = 2**63
 MAX_SEED_COUNT = 100_000
 MAX_NAME_BYTES = 100  # a suite's name is the default output folder's name: room left for the file system's 255
+# The most trials one suite may expand to, counted before expanding (count_trials): at 10^5 a suite already takes
+# tens of seconds to load and plan, and 10^6 took 500 s and a gigabyte before the first trial.
+MAX_TRIALS = 100_000
 MAX_MODEL_SIZE = 65_536  # every integer of model_params (widths, depths): 1 .. this
 
 
@@ -114,13 +118,51 @@ def _is_list_type(tp: Any) -> bool:
     return tp in (list, tuple) or origin in (list, tuple)
 
 
+def _expands(v: Any, annotation: Any) -> bool:
+    """Whether a parameter's value is a list of grid points (not one value of a list-typed parameter)."""
+    return isinstance(v, list) and (not _is_list_type(annotation) or bool(v and all(isinstance(e, list) for e in v)))
+
+
+def count_trials(spec: dict[str, Any], seeds: list[int]) -> int:
+    """How many trials a grid (`spec`: its case, attack and defense tables) expands to for `seeds`, counted from
+    its list lengths without building anything: a grid past MAX_TRIALS is refused before it takes minutes and
+    gigabytes to expand. Malformed tables count as one point (their own checks then say what is wrong)."""
+    case = spec.get("case")
+    n = _points(case, typing.get_type_hints(CaseConfig)) if isinstance(case, dict) else 1
+    for kind in ("attack", "defense"):
+        entries = spec.get(kind)
+        entries = [entries] if isinstance(entries, dict) else entries if isinstance(entries, list) else []
+        n *= max(1, sum(_plugin_points(kind, e) for e in entries))
+    return n * max(1, len(seeds))
+
+
+def _points(params: dict[str, Any], annotations: dict[str, Any]) -> int:
+    return math.prod(len(v) for k, v in params.items() if _expands(v, annotations.get(k, Any)))
+
+
+def _plugin_points(kind: str, entry: Any) -> int:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        return 1
+    try:
+        info = registry.plugin_info(kind, registry.resolve_name(kind, entry["name"]))
+    except InputError:
+        return 1
+    params = {k: v for k, v in entry.items() if k != "name"}
+    return _points(params, {p.name: p.annotation for p in info.params.values()})
+
+
+def _check_count(n: int, where: "_Where", table: str) -> None:
+    if n > MAX_TRIALS:
+        raise where.error(table, None, f"the suite expands to {n:,} trials, more than the {MAX_TRIALS:,} one suite may "
+                          "hold; split it into several suites (or fewer grid values)")  # fmt: skip
+
+
 def _axes(params: dict[str, Any], annotations: dict[str, Any]) -> list[dict[str, Any]]:
     """Expand list values into a grid. A list is one value when the parameter itself is a list (then a list of
     lists expands)."""
     keys, choices = [], []
     for k, v in params.items():
-        ann = annotations.get(k, Any)
-        if isinstance(v, list) and (not _is_list_type(ann) or (v and all(isinstance(e, list) for e in v))):
+        if _expands(v, annotations.get(k, Any)):
             if not v:
                 raise ValueError(f"{k}: an empty list expands to no trials")
             keys.append(k)
@@ -324,6 +366,7 @@ def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
 def expand_grid(spec: dict[str, Any], where: Where, table: str, suite_name: str, seeds: list[int]) -> list[TrialConfig]:
     """The trials of one grid (`spec`: its case, attack and defense tables) for `seeds`, validated, defaults filled:
     what a suite's top level or one [[grid]] expands to (gleak.api.run_trial expands its arguments with it too)."""
+    _check_count(count_trials(spec, seeds), where, table)
     cases = _cases(spec.get("case"), where, f"{table}.case" if table != "suite" else "case")
     _check_data(cases, where, f"{table}.case" if table != "suite" else "case")
     attacks = _plugins("attack", spec.get("attack"), where, "attack" if table == "suite" else table)
@@ -384,6 +427,7 @@ def _grid_tables(doc: dict[str, Any], grids: Any, where: _Where, name: str, seed
     if not isinstance(grids, list):
         raise where.error("grid", None, "must be an array of tables ([[grid]])")
     trials: list[TrialConfig] = []
+    counted = 0
     for i, g in enumerate(grids, 1):
         table = f"grid #{i}" + (f" ({g.get('name')})" if isinstance(g, dict) and g.get("name") else "")
         if not isinstance(g, dict):
@@ -401,6 +445,8 @@ def _grid_tables(doc: dict[str, Any], grids: Any, where: _Where, name: str, seed
             "defense": g.get("defense", doc.get("defense")),
         }
         grid_seeds = _seeds(g["seeds"], where, table) if "seeds" in g else seeds
+        counted += count_trials(merged, grid_seeds)
+        _check_count(counted, where, table)  # all the grids so far, before this one expands
         trials += _grid(merged, where, table, name, grid_seeds)
     return trials
 

@@ -30,7 +30,7 @@ LAYERS = [
     ("plugins", {"attacks", "defenses", "protocols"}),
     # running trials and keeping their results: one trial, the runner and its workers, the store, the folder
     ("orchestration", {"trial", "runner", "store", "folder", "suite", "workers", "ray_executor", "utility", "pretrain",
-                       "reconstructions", "conformance", "images"}),
+                       "reconstructions", "conformance", "images", "stored"}),
     # what is written from the stored results: aggregation, claims, documents, figures, the report of a folder
     ("reporting", {"attribution", "aggregate", "claims", "documents", "figures", "report"}),
     # the faces: the command line and the Python API

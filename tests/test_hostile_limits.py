@@ -1,0 +1,112 @@
+"""Limits checked before work: a grid's size counted before it expands (gleak.suite.count_trials), a foreign
+--out refused without walking it (gleak.folder.claim)."""
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gleak import folder as owned, suite
+from gleak.errors import InputError
+
+BIG = textwrap.dedent('''
+    [suite]
+    name = "big"
+    seeds = 100000
+    [case]
+    dataset = "uniform"
+    model = "linear"
+    batch_size = [1, 2]
+    [[attack]]
+    name = "closed-form"
+    [[defense]]
+    name = "noise"
+    sigma = [0.1, 0.2, 0.3, 0.4, 0.5]
+    [[defense]]
+    name = "none"
+''')
+
+
+def _never_expanded(monkeypatch):
+    def expanded(*a, **k):
+        raise AssertionError("the grid was expanded before its size was checked")
+
+    monkeypatch.setattr(suite, "_cases", expanded)
+
+
+def test_a_huge_grid_is_refused_before_it_expands(tmp_path, monkeypatch):
+    (tmp_path / "big.toml").write_text(BIG)
+    _never_expanded(monkeypatch)
+    with pytest.raises(InputError, match=r"expands to 1,200,000 trials, more than the 100,000") as e:
+        suite.load_suite(tmp_path / "big.toml")
+    assert "\n" not in str(e.value) and "big.toml" in str(e.value)
+
+
+def test_grids_count_together(tmp_path, monkeypatch):
+    """Two [[grid]] tables of 60,000 trials each: the second is refused before it expands."""
+    grids = textwrap.dedent('''
+        [suite]
+        name = "g"
+        seeds = 30000
+        [case]
+        dataset = "uniform"
+        model = "linear"
+        batch_size = [1, 2]
+        [[attack]]
+        name = "closed-form"
+        [[defense]]
+        name = "none"
+        [[grid]]
+        name = "a"
+        [[grid]]
+        name = "b"
+    ''')
+    (tmp_path / "g.toml").write_text(grids)
+    assert suite.count_trials({"case": {"batch_size": [1, 2]}, "attack": {"name": "closed-form"},
+                               "defense": [{"name": "none"}]}, list(range(30000))) == 60000  # fmt: skip
+    calls = []
+    real = suite._grid
+    monkeypatch.setattr(suite, "_grid", lambda spec, where, table, *a: calls.append(table) or real(spec, where, table, *a[:1], [0]))
+    with pytest.raises(InputError, match=r"grid #2 \(b\).*120,000 trials"):
+        suite.load_suite(tmp_path / "g.toml")
+    assert calls == ["grid #1 (a)"]
+
+
+def test_the_count_follows_the_expansion_rules(tmp_path):
+    """A list-typed parameter's list is one value; a list of lists expands; the count equals the trials built."""
+    text = textwrap.dedent('''
+        [suite]
+        name = "s"
+        seeds = [0, 1, 2]
+        [case]
+        dataset = "uniform"
+        model = "mlp"
+        batch_size = [1, 2]
+        model_params = { hidden = [8] }
+        [[attack]]
+        name = "closed-form"
+        [[attack]]
+        name = "idlg"
+        [[defense]]
+        name = "noise"
+        sigma = [0.1, 0.2]
+    ''')
+    (tmp_path / "s.toml").write_text(text)
+    s = suite.load_suite(tmp_path / "s.toml")
+    assert len(s.trials) == 2 * 2 * 2 * 3 == suite.count_trials(tomllib.loads(text), [0, 1, 2])
+
+
+def test_a_foreign_out_is_refused_without_walking_it(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "deep" / "er").mkdir(parents=True)
+    (home / "deep" / "er" / "x.txt").write_text("mine")
+    (home / "notes.txt").write_text("mine")
+
+    def walked(*a, **k):
+        raise AssertionError("walked the folder")
+
+    monkeypatch.setattr(owned.os, "walk", walked)
+    with pytest.raises(InputError, match="not a gleak output folder .* and not empty"):
+        owned.claim(home, False, lambda f: False)
+    with pytest.raises(InputError, match="not empty"):
+        owned.claim(Path("/"), False, lambda f: False)

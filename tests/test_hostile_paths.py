@@ -1,0 +1,123 @@
+"""gleak writes and deletes only inside its folder and never over a user's file: links at its paths are refused,
+suite.json is protected under --force, a relative --out survives a plugin's chdir (gleak.folder)."""
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gleak import cli, folder as owned
+from gleak.errors import InputError
+from tests.test_hostile_store import T1, copy, refused, t1, tree  # noqa: F401 - t1: the shared fixture
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_force_does_not_overwrite_a_users_suite_json(tmp_path, capsys):
+    a1 = tmp_path / "a1"
+    a1.mkdir()
+    (a1 / "suite.json").write_text('{"my": 1}')
+    (a1 / "notes.txt").write_text("n")
+    (tmp_path / "t1.toml").write_text(T1)
+    refused(["run", str(tmp_path / "t1.toml"), "--out", str(a1), "--force", "--no-progress", "--in-process"], a1, capsys,
+            "suite.json")  # fmt: skip
+
+
+def test_a_folder_gleak_wrote_before_listing_suite_json_is_still_gleaks(t1, tmp_path, capsys):
+    out = copy(t1, tmp_path)
+    manifest = (out / "gleak-manifest.json").read_text()
+    assert '"suite.json"' in manifest
+    (out / "gleak-manifest.json").write_text(manifest.replace('  "suite.json",\n', ""))
+    assert cli.main(["leaderboard", str(out)]) == 0
+
+
+def _outside(tmp_path) -> Path:
+    d = tmp_path / "outside"
+    d.mkdir()
+    for name in ("reconstructions_uniform_linear_1.png", "frontier.png", "0123456789abcdef.png", "mine.txt"):
+        (d / name).write_text("the user's")
+    return d
+
+
+@pytest.mark.parametrize("name", ["figures", "images"])
+def test_a_linked_subfolder_is_refused_by_every_writer(t1, tmp_path, capsys, name):
+    out = copy(t1, tmp_path)
+    outside = _outside(tmp_path)
+    before = tree(outside)
+    for p in (out / name).iterdir():
+        p.unlink()
+    (out / name).rmdir()
+    (out / name).symlink_to(outside, target_is_directory=True)
+    for args in (["plot", str(out)], ["leaderboard", str(out)], ["rescore", str(out)],
+                 ["run", str(t1.parent / "t1.toml"), "--out", str(out), "--no-progress", "--in-process"]):  # fmt: skip
+        refused(args, out, capsys, f"{out / name}: a symbolic link")
+    assert tree(outside) == before and sorted(os.listdir(outside)) == sorted(before)
+
+
+def test_a_linked_store_is_refused(t1, tmp_path, capsys):
+    out = copy(t1, tmp_path)
+    elsewhere = tmp_path / "elsewhere.sqlite"
+    (out / "results.sqlite").rename(elsewhere)
+    (out / "results.sqlite").symlink_to(elsewhere)
+    before = elsewhere.read_bytes()
+    for args in (["leaderboard", str(out)], ["rescore", str(out)],
+                 ["run", str(t1.parent / "t1.toml"), "--out", str(out), "--no-progress", "--in-process"]):  # fmt: skip
+        refused(args, out, capsys, "a symbolic link")
+    assert elsewhere.read_bytes() == before
+
+
+def test_no_write_through_a_folder_that_became_a_link(tmp_path):
+    from gleak.figures import atomic_write_bytes
+
+    outside = _outside(tmp_path)
+    before = tree(outside)
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "figures").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(InputError, match="a symbolic link"):
+        atomic_write_bytes(tmp_path / "o" / "figures" / "frontier.png", b"gleak's")
+    assert tree(outside) == before
+
+
+def test_remove_owned_with_a_relative_folder_deletes_its_own_file_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "o" / "figures").mkdir(parents=True)
+    stale = tmp_path / "o" / "figures" / "frontier.png"
+    stale.write_bytes(b"old figure")
+    owned.Manifest("o", ["figures/frontier.png"]).save()
+    assert owned.remove_owned("o", "o/figures/frontier.png") and not stale.exists()
+
+
+CHDIR = textwrap.dedent('''
+    import os
+
+    from gleak import register_attack
+    from gleak.plugin import Attack
+    from gleak.registry import create
+
+
+    @register_attack("wanders")
+    class Wanders(Attack):
+        """Test attack: closed-form, after changing the working directory of its process."""
+
+        needs = frozenset({"architecture"})
+
+        def __init__(self, to: str = "."):
+            self.to = to
+
+        def reconstruct(self, observation, rng):
+            os.chdir(self.to)
+            return create("attack", "closed-form").reconstruct(observation, rng)
+''')
+
+
+def test_a_plugins_chdir_does_not_move_the_images_of_a_relative_out(tmp_path, gleak_cmd, run_env):
+    (tmp_path / "wanders.py").write_text(CHDIR)
+    (tmp_path / "elsewhere").mkdir()
+    suite = T1.replace('name = "closed-form"', f'name = "wanders"\nto = "{tmp_path / "elsewhere"}"')
+    (tmp_path / "s.toml").write_text(suite)
+    r = subprocess.run(gleak_cmd + ["run", "s.toml", "--out", "o", "--plugin", "wanders.py", "--no-progress"], cwd=tmp_path,
+                       env=run_env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert len(list((tmp_path / "o" / "images").glob("*.png"))) == 2
+    assert not list((tmp_path / "elsewhere").rglob("*"))

@@ -1,0 +1,59 @@
+"""A plugin that ends the process (os._exit, sys.exit) at import or in __init__ ends `run` and `check-plugin` with
+one line naming the plugin and exit 2, not with its own exit status (gleak.contract.no_exit)."""
+import subprocess
+import textwrap
+
+import pytest
+
+from tests.test_hostile_store import T1
+
+PLUGIN = textwrap.dedent('''
+    import os
+    import sys
+
+    from gleak import register_attack
+    from gleak.plugin import Attack
+
+    {at_import}
+
+
+    @register_attack("exiter")
+    class Exiter(Attack):
+        """Test attack that ends its process."""
+
+        needs = frozenset({{"architecture"}})
+
+        def __init__(self):
+            {in_init}
+
+        def reconstruct(self, observation, rng):
+            raise RuntimeError("never reached")
+''')
+
+
+def _exit_code_and_err(args, gleak_cmd, run_env, in_process, capsys):
+    if in_process:  # sys.exit raises: safe to try in this process (os._exit would end the test run)
+        from gleak import cli
+
+        capsys.readouterr()
+        return cli.main(args), capsys.readouterr().err
+    r = subprocess.run(gleak_cmd + args, env=run_env, capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stderr
+
+
+@pytest.mark.parametrize("call", ["os._exit(7)", "sys.exit(7)"])
+@pytest.mark.parametrize("where", ["import", "init"])
+def test_a_plugin_ending_the_process_is_one_line_naming_it(tmp_path, gleak_cmd, run_env, capsys, call, where):
+    plugin = tmp_path / f"exiter_{where}_{call[:3]}.py"
+    plugin.write_text(PLUGIN.format(at_import=call if where == "import" else "", in_init=call if where == "init" else "pass"))
+    (tmp_path / "s.toml").write_text(T1.replace('name = "closed-form"', 'name = "exiter"'))
+    args = ["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o"), "--plugin", str(plugin), "--no-progress",
+            "--in-process"]  # fmt: skip
+    code, err = _exit_code_and_err(args, gleak_cmd, run_env, call.startswith("sys"), capsys)
+    assert code == 2, (code, err)
+    assert len(err.strip().splitlines()) == 1 and f"called {call}" in err, err
+    assert (plugin.name if where == "import" else "attack 'exiter'") in err
+    assert not (tmp_path / "o").exists()
+    if where == "import" and call.startswith("os"):
+        code, err = _exit_code_and_err(["check-plugin", str(plugin)], gleak_cmd, run_env, False, capsys)
+        assert code == 2 and plugin.name in err and f"called {call}" in err, (code, err)
