@@ -191,11 +191,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     what = args.what
     if what in ("attacks", "defenses", "protocols", "models", "attack", "defense", "protocol", "model"):
+        import fnmatch
+
+        from gleak.catalogue import builtin_summaries
+
         kind = what.rstrip("s")
-        names = registry.list_plugins(kind, args.pattern)
+        table = builtin_summaries(kind)  # from the source: no torch import (None: entry points, ask the registry)
+        if table is None:
+            table = {n: registry.plugin_info(kind, n).summary for n in registry.list_plugins(kind)}
+        names = sorted(n for n in table if fnmatch.fnmatch(n, args.pattern))
         width = max((len(n) for n in names), default=0)
         for n in names:
-            print(f"{n:<{width}}  {registry.plugin_info(kind, n).summary}")
+            print(f"{n:<{width}}  {table[n]}")
     elif what == "datasets":
         from gleak.data import list_datasets
 
@@ -279,8 +286,12 @@ def show_text(kind: str, name: str) -> str:
 
     found, info = _plugin_for_show(kind, name)
     obj = info.obj
-    where = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}"
-    lines = [f"{found} {info.name}" + (" (a protocol defense)" if found != kind else "") + f"  [{info.source}: {where}]",
+    module = getattr(obj, "__module__", "?")
+    where = f"{module}.{getattr(obj, '__qualname__', '?')}"
+    source = info.source
+    if module.startswith("gleak_plugin_"):  # loaded from a file (gleak.registry.load_plugin_file): say which
+        source, where = "plugin file", f"{getattr(sys.modules.get(module), '__file__', '?')}: {obj.__qualname__}"
+    lines = [f"{found} {info.name}" + (" (a protocol defense)" if found != kind else "") + f"  [{source}: {where}]",
              f"  {info.summary}", "", "parameters:"]  # fmt: skip
     reserved = registry._registry(found).reserved
     shown = [p for p in info.params.values() if p.name not in reserved]

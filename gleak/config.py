@@ -6,8 +6,10 @@ so two suites that ask for the same trial share it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -62,9 +64,10 @@ class CaseConfig:
     warmup_rounds: int = 0  # rounds the clients train under the defense before the observed ones (stored as "rounds")
     # The server's step on the mean FedSGD gradient in warm-up rounds (None: local_lr, its historical spelling).
     server_lr: float | None = None
-    # The attacked model (gleak.pretrain): "untrained" (fresh init from the trial seed) or "trained" first for
-    # train_steps SGD steps on the case's training split; one trained model per case, whatever the trial seed.
-    model_state: Literal["untrained", "trained"] = "untrained"
+    # The attacked model (gleak.pretrain): "untrained" (fresh init from the trial seed), "trained" first for
+    # train_steps SGD steps on the case's training split (one trained model per case, whatever the trial seed), or
+    # "file:PATH", a state dict the user saved (torch.save(model.state_dict(), PATH); read with weights_only=True).
+    model_state: str = "untrained"
     train_steps: int = 500
     train_lr: float = 0.01
     train_batch_size: int = 32
@@ -128,6 +131,12 @@ def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
             problems.append(("server_lr", "applies to FedSGD warm-up rounds (FedAvg's server applies the mean delta)"))
         elif case.local_lr != CaseConfig.local_lr:
             problems.append(("local_lr", "in a FedSGD case local_lr is the old name of server_lr: set server_lr only"))
+    if case.model_state not in ("untrained", "trained"):
+        path = case.model_state[len("file:"):] if case.model_state.startswith("file:") else None
+        if path is None:
+            problems.append(("model_state", f"must be 'untrained', 'trained' or 'file:PATH', got {case.model_state!r}"))
+        elif not os.path.isfile(path):
+            problems.append(("model_state", f"{path}: no such checkpoint file"))
     if case.train_steps < 1 or case.train_batch_size < 1 or case.train_lr <= 0:
         key = "train_steps" if case.train_steps < 1 else "train_batch_size" if case.train_batch_size < 1 else "train_lr"
         problems.append((key, f"must be > 0, got {getattr(case, key)}"))
@@ -153,6 +162,25 @@ def _over_bounds(cfg: Any) -> list[tuple[str, str]]:
     if isinstance(seed, int) and not 0 <= seed < 2**63:
         out.append(("seed", f"must be in [0, 2**63), got {seed}"))
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(path: str, _mtime_ns: int, _size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a file's bytes (recomputed when its size or modification time changes); '' for a missing file,
+    which the suite's checks report."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return _digest(os.path.abspath(path), st.st_mtime_ns, st.st_size)
 
 
 def _wraps_model(defense: str) -> bool:
@@ -197,6 +225,9 @@ class TrialConfig:
             "case": case,
             "seed": self.seed,
         }
+        if self.case.model_state.startswith("file:"):
+            # The id follows the checkpoint's content, not only its path: new weights at the same path are new trials.
+            out["model_file_sha256"] = file_digest(self.case.model_state[len("file:"):])
         if self.case.model_state == "trained":
             # A trained model's victims come from the split it never trained on (gleak.trial); before that rule they
             # came from its training split. Another computation, so another id: stores never reuse the old rows.

@@ -243,7 +243,7 @@ def reconstruction_grid(cells, image_dir: Path, path: Path, title: str) -> Path 
     else:
         fig = _table_grid(rows, cols, images, cell_w, img_h)
     # The title may be wider than the panels: the saved figure grows to hold it (save_figure), never clips it.
-    fig.suptitle(_wrap(title, max(60, int(fig.get_figwidth() * 12))) + "\n" + head, fontsize=9,
+    fig.suptitle(_wrap(title, max(72, int(fig.get_figwidth() * 13))) + "\n" + head, fontsize=9,
                  y=1 - 0.08 / fig.get_figheight(), va="top")  # fmt: skip
     return save_figure(fig, path)
 
@@ -337,9 +337,9 @@ def strength_figure(lines, accuracy, baselines, xkey: str, path: Path, title: st
     for ax in axes[: len(metrics)]:  # label-only attacks draw in the label panel only
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
-    if seen:  # as many columns as fit the figure's width (about 9 characters per inch at 8 pt)
+    if seen:  # as many columns as fit the figure's width (about 14 characters per inch at 8 pt)
         width = max(len(lab) for lab in seen) + 6
-        ncol = max(1, min(4, len(seen), int(fig.get_figwidth() * 9 / width)))
+        ncol = max(1, min(4, len(seen), int(fig.get_figwidth() * 14 / width)))
         fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
     note = f"; triangles: PSNR above {PSNR_CAP:.0f} dB (visually exact) drawn at {PSNR_CAP:.0f}" if any(clipped) else ""
     fig.suptitle(f"{title}  (dotted: no defense{note})", fontsize=10)

@@ -137,6 +137,31 @@ def trained_state(
     return state, info
 
 
+def checkpoint_state(path: str, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict saved at `path` (torch.load with weights_only=True: tensors only, no code runs), checked
+    against `model`'s: InputError, one line naming the file and the first key that is missing, unexpected or of
+    another shape. Cast to the model's dtypes."""
+    from gleak.errors import InputError
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - not a torch file, pickled code, a truncated file: one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise InputError(f"{path}: not a state dict torch.load(weights_only=True) can read: {type(exc).__name__}: {first}") from None
+    want = model.state_dict()
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise InputError(f"{path}: expected a state dict (torch.save(model.state_dict(), PATH)), got {type(state).__name__}")
+    for k, v in want.items():
+        if k not in state:
+            raise InputError(f"{path}: key {k!r} of the model (shape {tuple(v.shape)}) is missing from the checkpoint")
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise InputError(f"{path}: key {k!r} has shape {tuple(state[k].shape)} in the checkpoint, the model's is {tuple(v.shape)}")
+    extra = [k for k in state if k not in want]
+    if extra:
+        raise InputError(f"{path}: key {extra[0]!r} of the checkpoint is not in the model (another architecture?)")
+    return {k: state[k].to(want[k].dtype) for k in want}
+
+
 def build_model(
     case: CaseConfig, ds: ImageDataset, seed: int, dtype: torch.dtype, defense: Defense | None = None,
     wrapper: Any = None,
@@ -147,7 +172,15 @@ def build_model(
     defense's (name, parameters), keys its cache); an untrained one wraps the fresh model with the trial's
     generator."""
     info: dict[str, Any] = {}
-    if case.model_state == "trained":
+    if case.model_state.startswith("file:"):
+        path = case.model_state[len("file:"):]
+        model = create_model(case.model, ds.input_shape, ds.num_classes, seed=derive_seed(seed, "model"), dtype=dtype,
+                             **case.model_params)  # fmt: skip
+        model.load_state_dict(checkpoint_state(path, model))
+        if defense is not None:
+            model = defense.wrap_model(model, generator(seed, "defense-model"))
+        info = {"model_file": path}
+    elif case.model_state == "trained":
         wrap = defense if wraps_model(defense) else None
         model = create_model(case.model, ds.input_shape, ds.num_classes, seed=0, dtype=dtype, **case.model_params)
         if wrap is not None:

@@ -249,7 +249,8 @@ class Registry:
             close = difflib.get_close_matches(name, list(self._plugins), n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             known = ", ".join(sorted(self._plugins))
-            raise UnknownPluginError(f"unknown {self.kind} {name!r}{hint} (known: {known})")
+            raise UnknownPluginError(f"unknown {self.kind} {name!r}{hint} (known: {known}); a plugin in a file needs "
+                                     "--plugin FILE (in Python: plugins=[FILE])")  # fmt: skip
         return self._plugins[name]
 
     def check_params(self, name: str, params: dict[str, Any]) -> dict[str, Any]:

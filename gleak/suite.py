@@ -349,6 +349,8 @@ def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
     seen = set()
     for c in cases:
         key = (c.dataset, c.data_root, c.resolution, c.channels, c.download)
+        if c.model_state.startswith("file:"):  # each checkpoint is checked against each model it is loaded into
+            key += (c.model_state, c.model, repr(sorted(c.model_params.items())))
         if key in seen:
             continue
         seen.add(key)
@@ -358,6 +360,15 @@ def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
             raise where.error(table, "dataset", str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - a corrupt image in a folder: dataset, an unreadable file: bad input
             raise where.error(table, "dataset", f"{c.dataset!r} could not be loaded: {type(exc).__name__}: {exc}") from None
+        if c.model_state.startswith("file:"):  # the checkpoint against the architecture: one line before anything runs
+            from gleak.models import create_model
+            from gleak.pretrain import checkpoint_state
+
+            try:
+                checkpoint_state(c.model_state[len("file:"):], create_model(c.model, ds.input_shape, ds.num_classes, seed=0,
+                                                                            **c.model_params))  # fmt: skip
+            except InputError as exc:
+                raise where.error(table, "model_state", str(exc)) from None
         need = c.batch_size * c.clients
         if need > len(ds):
             raise where.error(table, "batch_size", f"batch_size x clients = {need} exceeds the {len(ds)} samples of {c.dataset!r}")

@@ -66,6 +66,7 @@ class Mine(Attack):
     assert r.returncode == 0, r.stderr
     assert "steps  int; default 7" in r.stdout and "mode   one of 'a', 'b'; default 'a'" in r.stdout
     assert "needs: architecture" in r.stdout and "Longer text." in r.stdout
+    assert f"[plugin file: {f}" in r.stdout.splitlines()[0] and "builtin" not in r.stdout.splitlines()[0]
 
 
 def _shifted_copy(tmp_path):

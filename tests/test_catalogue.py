@@ -1,0 +1,40 @@
+"""`gleak list` reads the built-in plugins' names and summaries from their source (no torch import): what it reads
+equals what the registry holds once every built-in is imported."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gleak import registry
+from gleak.catalogue import builtin_summaries
+
+
+@pytest.mark.parametrize("kind", ["attack", "defense", "protocol", "model"])
+def test_the_source_reading_equals_the_registry(kind):
+    table = builtin_summaries(kind)
+    assert table is not None
+    assert table == {n: registry.plugin_info(kind, n).summary for n in registry.list_plugins(kind)}
+
+
+def test_gleak_list_imports_no_torch():
+    code = "import sys; from gleak.cli import main; main(['list', 'defenses']); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "False" and any(line.startswith("dgp ") for line in lines)
+
+
+def test_a_suite_naming_an_unknown_plugin_says_how_to_load_a_plugin_file(tmp_path):
+    """The one line names the table and key, the close match, and --plugin (the plugin file left off the command)."""
+    from gleak.errors import InputError
+    from gleak.suite import load_suite
+
+    f = tmp_path / "s.toml"
+    f.write_text('[suite]\nname = "s"\n[case]\nmodel = "mlp"\n[[attack]]\nname = "mean-imag"\n[[defense]]\nname = "none"\n')
+    with pytest.raises(InputError) as err:
+        load_suite(f)
+    msg = str(err.value)
+    assert "[attack #1] key 'name': unknown attack 'mean-imag'" in msg and "needs --plugin FILE" in msg
+    assert len(msg.splitlines()) == 1

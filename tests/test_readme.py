@@ -1,0 +1,103 @@
+"""The README is a front door: short, the quick start first, its plugin examples pass check-plugin as written, and no
+internal history (issue numbers, "seed 00N", commit hashes) in what a user reads."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def plugin_blocks() -> dict[str, str]:
+    """file name -> code of every ```python block of the README that starts with '# my_NAME.py'."""
+    out = {}
+    for block in re.findall(r"```python\n(.*?)```", README, flags=re.S):
+        first = block.splitlines()[0]
+        m = re.fullmatch(r"# (my_\w+\.py)", first.strip())
+        if m:
+            out[m.group(1)] = block
+    return out
+
+
+@pytest.fixture(scope="module")
+def plugin_files(tmp_path_factory) -> dict[str, tuple[Path, list]]:
+    """The README's plugin blocks as files, each loaded once: name -> (path, the (kind, name) pairs it registered)."""
+    from gleak.registry import load_plugin_file
+
+    folder = tmp_path_factory.mktemp("readme-plugins")
+    out = {}
+    for name, code in plugin_blocks().items():
+        (folder / name).write_text(code)
+        out[name] = (folder / name, [p for p in load_plugin_file(folder / name) if p[0] in ("attack", "defense", "protocol")])
+    return out
+
+
+def test_readme_is_short_and_starts_with_the_quick_start():
+    lines = README.splitlines()
+    assert len(lines) <= 250, len(lines)
+    head = "\n".join(lines[:30])
+    for needed in ("pip install", "gleak run", "leaderboard.md", "figures/", "python -m pytest -q"):
+        assert needed in head, needed
+    for doc in re.findall(r"\]\(((?:docs|results|examples)/[^)#]+)\)", README):  # every link resolves
+        assert (ROOT / doc).exists() or doc == "docs/architecture.md", doc
+
+
+def test_no_internal_history_where_users_read():
+    pattern = re.compile(r"seed 00[0-9]|\bissue [0-9]+|\bstop [0-9]+|\bcommit [0-9a-f]{7,}")
+    files = [ROOT / "README.md", ROOT / "results" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    hits = [f"{f.relative_to(ROOT)}:{i}: {line.strip()}" for f in files
+            for i, line in enumerate(f.read_text().splitlines(), 1) if pattern.search(line)]  # fmt: skip
+    assert not hits, hits
+
+
+def test_the_readme_plugin_examples_pass_the_conformance_checks(plugin_files):
+    """An attack, a defense and a protocol, each as written in the README: loaded as a plugin file, every
+    conformance check of `gleak check-plugin` passes (run here in the test's process, as the checks' own code)."""
+    from gleak.conformance import check_plugin
+
+    assert sorted(plugin_files) == ["my_attack.py", "my_defense.py", "my_protocol.py"]
+    kinds = []
+    for name, (_, pairs) in plugin_files.items():
+        assert len(pairs) == 1, pairs
+        kind, plugin = pairs[0]
+        kinds.append(kind)
+        failed = [(c.name, c.detail) for c in check_plugin(kind, plugin) if not c.passed]
+        assert not failed, (name, failed)
+    assert sorted(kinds) == ["attack", "defense", "protocol"]
+
+
+def test_the_readme_defense_passes_gleak_check_plugin(tmp_path):
+    """The command as the README gives it: `gleak check-plugin my_defense.py` prints 'all checks passed', exit 0."""
+    path = tmp_path / "my_defense.py"
+    path.write_text(plugin_blocks()["my_defense.py"])
+    done = subprocess.run([sys.executable, "-m", "gleak", "check-plugin", str(path)], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all checks passed" in done.stdout and "defense clip-norm" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["my_attack.py", "my_defense.py"])
+def test_the_readme_plugins_reconstruct_and_defend_what_they_say(plugin_files, name):
+    """Not only conformant: the mean-image attack returns one guess per sample, the mean of the public images in
+    normalised space; clip-norm leaves an update of norm at most max_norm."""
+    import torch
+
+    from gleak import create
+    from gleak.threat import Knowledge, Observation, Update
+
+    g = torch.Generator().manual_seed(0)
+    if name == "my_attack.py":
+        public = torch.randn(10, 3, 8, 8, generator=g)
+        k = Knowledge(input_shape=(3, 8, 8), num_classes=10, batch_size=3, public_x=public)
+        rec = create("attack", "mean-image", samples=4).reconstruct(Observation(update=Update({}), knowledge=k), g)
+        assert rec.x.shape == (3, 3, 8, 8)
+        assert torch.allclose(rec.x, public[:4].mean(0).expand(3, -1, -1, -1))
+    else:
+        u = Update({"w": torch.full((4,), 3.0), "b": torch.full((2,), 4.0)})
+        out = create("defense", "clip-norm", max_norm=2.0).transform(u, g)
+        assert abs(float(out.flat().norm()) - 2.0) < 1e-6 and float(u.flat().norm()) > 2.0
