@@ -1,11 +1,14 @@
-"""What the optimisation attacks (dlg, inverting-gradients) share: the observer's model prepared for gradient
-matching, the observed gradient read from the update (FedSGD gradient or FedAvg delta), and fixed labels.
+"""What the optimisation attacks (dlg, inverting-gradients, gradinversion) share: the observer's model prepared for
+gradient matching, the observed gradient read from the update (FedSGD gradient or FedAvg delta), fixed labels, and
+when their restarts run as one batched computation.
 
 A module whose name starts with '_' is not a plugin (the registry skips it).
 """
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +93,105 @@ def train_mode_batchnorm(model: nn.Module) -> bool:
     """True when a forward pass uses batch statistics (BatchNorm in train mode): such a model's output for one
     sample depends on the others, and torch.func.vmap cannot update its running statistics."""
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
+
+
+# Batch restarts with torch.func.vmap only for models below this size: measured by benchmarks/attack_speed.py, vmap
+# is faster for LeNet-sized models and slower for ResNet-18 on the CPU (its batched conv weight-gradient is costly).
+VMAP_MAX_PARAMS = 1_000_000
+BATCH_RESTARTS = ("auto", "vmap", "loop")
+
+
+def vmap_restarts(mode: str, restarts: int, model: nn.Module, params: list[nn.Parameter], attack: str,
+                  train_bn: bool = False) -> bool:  # fmt: skip
+    """Whether an attack's restarts run as one torch.func.vmap computation (option batch_restarts): "loop" never,
+    "vmap" always, "auto" where there are several restarts and the model has fewer than VMAP_MAX_PARAMS
+    parameters. A model with BatchNorm in train mode runs one restart after another unless `train_bn` (the attack
+    can vmap it: gradinversion); UnsupportedCase where "vmap" is forced on it."""
+    if mode == "loop":
+        return False
+    if train_mode_batchnorm(model) and not train_bn:
+        if mode == "vmap":
+            raise UnsupportedCase(f"{attack}: batch_restarts = 'vmap' cannot run a model with BatchNorm in train mode")
+        return False
+    if mode == "vmap":
+        return True
+    return restarts > 1 and sum(p.numel() for p in params) < VMAP_MAX_PARAMS
+
+
+# What R restarts batched by vmap cost, counted in restarts run one after another: the first, plus this share of one
+# for each other restart. Measured by benchmarks/attack_speed.py (LeNet 32 px, one thread): see its "restarts"
+# section; the estimate orders trials and sets the default --trial-timeout, so a rough figure does.
+VMAP_RESTART_SHARE = 0.25
+
+
+def restarts_cost(restarts: int, mode: str, case, train_bn: bool = False) -> float:
+    """The work of `restarts` restarts in units of one restart's (an attack's `estimated_cost`): `restarts` where
+    they run one after another, 1 + VMAP_RESTART_SHARE x (restarts - 1) where vmap_restarts batches them on the
+    case's model (mode "auto": several restarts, fewer than VMAP_MAX_PARAMS parameters, and no BatchNorm in train
+    mode unless `train_bn`). A case whose model cannot be built here counts as one after another."""
+    if restarts <= 1 or mode == "loop":
+        return float(restarts)
+    facts = _case_model(case)
+    if facts is None:
+        return float(restarts)
+    n_params, train_mode_bn = facts
+    if train_mode_bn and not train_bn:
+        return float(restarts)
+    if mode == "vmap" or n_params < VMAP_MAX_PARAMS:
+        return 1.0 + VMAP_RESTART_SHARE * (restarts - 1)
+    return float(restarts)
+
+
+def _case_model(case) -> tuple[int, bool] | None:
+    """(trainable parameters, BatchNorm in train mode) of a case's model (a gleak.config.CaseConfig), or None."""
+    try:
+        from gleak.data import load_dataset
+
+        ds = load_dataset(case.dataset, root=case.data_root, resolution=case.resolution, channels=case.channels,
+                          download=case.download)  # fmt: skip  # cached: the suite loaded it to validate
+        facts = _model_facts(case.model, json.dumps(case.model_params, sort_keys=True), tuple(ds.input_shape), ds.num_classes)
+        return facts[0], facts[1] and case.model_mode == "train"
+    except Exception:  # noqa: BLE001 - an estimate only
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _model_facts(model: str, model_params: str, input_shape: tuple[int, ...], classes: int) -> tuple[int, bool]:
+    """(parameters, has BatchNorm) of a model, built on torch's meta device (no arithmetic)."""
+    from gleak.models import create_model
+
+    net = create_model(model, input_shape, classes, seed=0, **json.loads(model_params)).to("meta")
+    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
+    return sum(p.numel() for p in net.parameters() if p.requires_grad), has_bn
+
+
+def row_gradients(model: nn.Module, names: list[str], params: list[nn.Parameter], loss_fn, batched_labels: bool):
+    """A function (x (n, B, ...), labels) -> the parameter gradient of loss_fn(model(x[r]), labels[r]) for every row
+    r, one tensor (n, *shape) per parameter in `names` order: one torch.func.vmap pass for all rows, differentiable
+    in x (and float labels) by an ordinary backward pass afterwards, which is each row's own derivative because the
+    rows do not interact. labels: one per row (batched_labels) or one set shared by every row.
+
+    This is faster than vmapping the derivative of the whole objective (benchmarks/attack_speed.py), but wrong
+    through BatchNorm on batch statistics: there the backward pass of the vmapped gradient is off (torch 2.14,
+    float64, a small conv-BN net in train mode: 3e-3 against 1.5, where vmap(grad(objective)) agrees with the loop
+    to 3e-16). Such models are refused here (gradinversion vmaps its whole objective instead)."""
+    from torch.func import functional_call, grad, vmap
+
+    if train_mode_batchnorm(model):
+        raise UnsupportedCase("row_gradients cannot differentiate through BatchNorm in train mode")
+    weights = {n: p.detach() for n, p in zip(names, params)}
+    buffers = dict(model.named_buffers())
+
+    def loss_of(w, x, labels):
+        return loss_fn(functional_call(model, (w, buffers), (x,)), labels)
+
+    per_row = vmap(grad(loss_of), in_dims=(None, 0, 0 if batched_labels else None))
+
+    def gradients(x: Tensor, labels: Tensor) -> list[Tensor]:
+        g = per_row(weights, x, labels)
+        return [g[n] for n in names]
+
+    return gradients
 
 
 # --- Defense-aware matching (option defense_aware of dlg and inverting-gradients; issue 13) -------------------------

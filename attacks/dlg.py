@@ -10,24 +10,30 @@ with the soft-label cross entropy loss(p, q) = mean over the batch of sum_c -q_c
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from gleak.attacks._gradmatch import (
+    BATCH_RESTARTS,
     FIXED_LABELS,
     attack_model,
     box_squared_distance,
     fixed_labels,
     observed_gradient,
     param_gradients,
+    restarts_cost,
+    row_gradients,
     squared_distance,
+    vmap_restarts,
     wire_box,
 )
+from gleak.attacks._lbfgs import BatchedLBFGS
 from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, DefenseAware
+from gleak.plugin import Attack, DefenseAware, check_choice
 from gleak.registry import register_attack
 from gleak.threat import Observation, Reconstruction
 from gleak.progress import report as report_progress
@@ -43,6 +49,53 @@ def soft_cross_entropy(logits: Tensor, label_logits: Tensor) -> Tensor:
 def _gradient_distance(grads, target: list[Tensor], box=None) -> Tensor:
     """DLG's squared distance to the wire, or to the set the wire allows (defense_aware)."""
     return squared_distance(grads, target) if box is None else box_squared_distance(grads, box)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """What every start of one trial matches: the model, the observed gradient, the knowledge, fixed labels (None:
+    soft labels, optimised) and the wire's box (defense-aware)."""
+
+    model: nn.Module
+    names: list[str]
+    params: list
+    target: list[Tensor]
+    k: object
+    dtype: torch.dtype
+    y: Tensor | None
+    box: object
+
+    @property
+    def image_size(self) -> int:
+        return self.k.batch_size * math.prod(self.k.input_shape)
+
+    def split(self, flat: Tensor) -> tuple[Tensor, Tensor]:
+        """One start's flat variables -> (images, label logits (soft labels) or the fixed labels)."""
+        x = flat[: self.image_size].reshape(self.k.batch_size, *self.k.input_shape)
+        if self.y is not None:
+            return x, self.y
+        return x, flat[self.image_size :].reshape(self.k.batch_size, self.k.num_classes)
+
+
+def _batched_closure(p: _Problem, box, soft: bool):
+    """(rows, flat variables (n, P)) -> (gradient distance per row, its gradient (n, P)): every row's parameter
+    gradient by one torch.func.vmap pass, the derivative of the summed distances by one backward pass."""
+    from torch.func import vmap
+
+    gradients = row_gradients(p.model, p.names, p.params, soft_cross_entropy if soft else F.cross_entropy, soft)
+    distance = vmap(lambda grads: _gradient_distance(grads, p.target, box))
+    n_x, B = p.image_size, p.k.batch_size
+
+    def closure(rows: Tensor, flat: Tensor) -> tuple[Tensor, Tensor]:
+        with torch.enable_grad():
+            v = flat.detach().requires_grad_(True)
+            x = v[:, :n_x].reshape(-1, B, *p.k.input_shape)
+            label = v[:, n_x:].reshape(-1, B, p.k.num_classes) if soft else p.y
+            dist = distance(gradients(x, label))
+            (dv,) = torch.autograd.grad(dist.sum(), v)
+        return dist.detach(), dv
+
+    return closure
 
 
 @register_attack("dlg")
@@ -61,8 +114,20 @@ class DLG(DefenseAware, Attack):
     restarts: independent starts (dummies drawn afresh from the trial's generator), the one with the lowest final
         gradient distance returned. 16 (default): Geiping et al. 2020's DLG baseline ("Euclidean + L-BFGS", Table 1)
         ran 16 restarts; DLG from one start is all-or-nothing per image. The released DLG code runs 1.
-    stop_below: stop restarting once a start's final distance is below stop_below x ||g||^2 (an exact match: no
-        later start could return a visibly different image), 0 runs them all. gleak's cost saving, default 1e-9.
+    stop_below: an exact match: a start whose gradient distance is below stop_below x ||g||^2 ends the restarts
+        (no other start could return a visibly different image); 0 runs them all. gleak's cost saving, default 1e-9.
+        Batched (below), the distance is read at the start of every step and the whole run ends at the first step
+        that begins with a match, which is that start's result; one after another ("loop"), a start runs all its
+        steps and the restarts end after the first whose final distance matches.
+    batch_restarts: "auto" (default) runs the starts as one computation where there are several and the model has
+        fewer than 1M parameters and no BatchNorm in train mode, else one after another; "vmap" / "loop" force it.
+        Batched, every start keeps its own L-BFGS (attacks/_lbfgs.py: torch.optim.LBFGS's step, history, step
+        sizes and stopping tests, row by row) and all advance together, each objective evaluation one
+        torch.func.vmap pass over the starts still iterating. The same algorithm to rounding (float64, LeNet:
+        images within 1e-10 of the loop's after 3 steps, tests/test_batched_restarts.py); in float32 the chaotic
+        L-BFGS trajectories part after a few hundred evaluations, and with stop_below the batched run may stop
+        mid-run (see above), so trials differ from the loop's in their numbers but not in how often they recover
+        (benchmarks/attack_speed.py). The loop is the computation behind results stored before the option.
     defense_aware: the attacker knows the defense (adds "knows_defense" to `needs`; Kerckhoffs) and matches the
         candidate gradient to the set of gradients the wire allows instead of to the wire itself: the squared
         distance to its projection on that box (attacks/_gradmatch.wire_box): Top-k / DGP / Soteria (sparsification):
@@ -88,12 +153,10 @@ class DLG(DefenseAware, Attack):
       first non-finite step and returns the last finite iterate; extra['stopped_at'] records the step (-1: ran all).
     - FedSGD gradients are matched as sent. A FedAvg delta (kind "delta") is read as delta / (lr * local_steps),
       exact for one local step and an approximation for more (see attacks/_gradmatch.observed_gradient).
-    - Restarts run one after another: each L-BFGS keeps its own history and step sizes, so batching them into one
-      optimiser would couple them (unlike Adam in inverting_gradients.py, which is element-wise).
     - Needs the batch size to size the dummy batch (DLG assumes it is known). Models must be twice differentiable
       for the attack to work well (DLG uses sigmoid LeNet); ReLU models run but the paper's guarantees do not hold.
     extra: match_loss (the gradient distance at the returned images), evaluations (closure calls, all starts),
-    stopped_at (of the chosen start), restart (its index), restarts_run.
+    stopped_at (of the chosen start), restart (its index), restarts_run; steps_run (batched: the steps the run made).
     """
 
     aware_options = ("cells",)
@@ -111,6 +174,7 @@ class DLG(DefenseAware, Attack):
         stop_below: float = 1e-9,
         defense_aware: bool = False,
         cells: Literal["polish", "scratch"] = "polish",
+        batch_restarts: Literal["auto", "vmap", "loop"] = "auto",
     ):
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
@@ -124,7 +188,8 @@ class DLG(DefenseAware, Attack):
             raise ValueError(f"stop_below must be >= 0, got {stop_below}")
         if cells not in ("polish", "scratch"):
             raise ValueError(f"cells must be 'polish' or 'scratch', got {cells!r}")
-        self.restarts, self.stop_below, self.cells = restarts, stop_below, cells
+        check_choice("batch_restarts", batch_restarts, BATCH_RESTARTS)
+        self.restarts, self.stop_below, self.cells, self.batch_restarts = restarts, stop_below, cells, batch_restarts
         self.iterations = iterations
         self.labels = labels
         self.lr = lr
@@ -147,14 +212,30 @@ class DLG(DefenseAware, Attack):
             extra["wire_reading"] = box.reading
 
         y = None if self.labels == "soft" else fixed_labels(self.labels, gradient, model, k, k.batch_size, rng)
+        problem = _Problem(model, names, params, target, k, dtype, y, box)
+        if vmap_restarts(self.batch_restarts, self.restarts, model, params, "dlg"):
+            x_final, y_final, run = self._restarts_batched(problem, rng)
+        else:
+            x_final, y_final, run = self._restarts_loop(problem, rng)
+        if self.labels == "soft":
+            y_final = y_final.argmax(-1)
+        extra.update(run)
+        return Reconstruction(x=x_final, y=y_final.long(), extra=extra)
+
+    def _polish(self, box) -> bool:
+        """Quantization: the plain objective first (the cells' centres are the best point reading of the wire),
+        then the cells polish that solution (see the docstring, cells)."""
+        return box is not None and box.reading.startswith("dequantized") and self.cells == "polish"
+
+    def _restarts_loop(self, p: "_Problem", rng: torch.Generator) -> tuple[Tensor, Tensor, dict]:
+        """One start after another, each run to `iterations` steps; the restarts stop at the first whose final
+        distance is below stop_below x ||g||^2."""
+        model, params, target, k, dtype, y, box = p.model, p.params, p.target, p.k, p.dtype, p.y, p.box
         scale = float(sum(t.double().pow(2).sum() for t in target))
         best: tuple | None = None
         evaluations = 0
-        # Quantization: the plain objective first (the cells' centres are the best point reading of the wire), then
-        # the cells polish that solution (see the docstring, cells).
-        polish = box is not None and box.reading.startswith("dequantized") and self.cells == "polish"
         for r in range(self.restarts):
-            if polish:
+            if self._polish(box):
                 x_r, y_r, _, evals, stopped_at = self._one_start(model, params, target, k, dtype, y, rng)
                 x_p, y_p, match, more, _ = self._one_start(model, params, target, k, dtype, y, rng, box, start=(x_r, y_r))
                 evals += more
@@ -171,10 +252,65 @@ class DLG(DefenseAware, Attack):
             if match <= self.stop_below * scale:
                 break
         x_final, y_final, match, stopped_at, chosen = best
-        if self.labels == "soft":
-            y_final = y_final.argmax(-1)
-        extra.update(match_loss=match, evaluations=evaluations, stopped_at=stopped_at, restart=chosen, restarts_run=r + 1)
-        return Reconstruction(x=x_final, y=y_final.long(), extra=extra)
+        run = dict(match_loss=match, evaluations=evaluations, stopped_at=stopped_at, restart=chosen, restarts_run=r + 1)
+        return x_final, y_final, run
+
+    def _restarts_batched(self, p: "_Problem", rng: torch.Generator) -> tuple[Tensor, Tensor, dict]:
+        """Every start at once (attacks/_lbfgs.py: each its own L-BFGS); the run stops at the first step that
+        begins with a start below stop_below x ||g||^2, and the start with the lowest final distance is returned."""
+        starts = torch.stack([self._draw(p.k, p.dtype, rng) for _ in range(self.restarts)])
+        if self._polish(p.box):
+            plain, _, evals, stopped_at, steps = self._batched_run(p, starts, None)
+            polished, match, more, _, more_steps = self._batched_run(p, plain, p.box)
+            plain_at = torch.tensor([self._distance_at_flat(p, row, p.box) for row in plain], dtype=torch.float64)
+            keep = plain_at <= match  # L-BFGS without line search need not descend: keep the better one per start
+            flat = torch.where(keep[:, None], plain, polished)
+            match = torch.where(keep, plain_at, match)
+            evals, steps = evals + more, steps + more_steps
+        else:
+            flat, match, evals, stopped_at, steps = self._batched_run(p, starts, p.box)
+        chosen = int(torch.argmin(match))
+        x_final, y_final = p.split(flat[chosen])
+        run = dict(match_loss=float(match[chosen]), evaluations=int(evals.sum()), stopped_at=int(stopped_at[chosen]),
+                   restart=chosen, restarts_run=self.restarts, steps_run=steps)  # fmt: skip
+        return x_final, y_final, run
+
+    def _draw(self, k, dtype, rng: torch.Generator) -> Tensor:
+        """One start's dummies, flat: images ~ N(0, 1), then (soft labels) label logits ~ N(0, 1), drawn in the
+        order the loop draws them, so that start r begins where the loop's start r does."""
+        x = torch.randn((k.batch_size, *k.input_shape), generator=rng, dtype=dtype).flatten()
+        if self.labels != "soft":
+            return x
+        return torch.cat([x, torch.randn((k.batch_size, k.num_classes), generator=rng, dtype=dtype).flatten()])
+
+    def _batched_run(self, p: "_Problem", starts: Tensor, box) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+        """All starts' L-BFGS runs advanced together: (final variables (R, P), final distances (R,), evaluations
+        per start, stopped_at per start (-1: no non-finite step), steps run). A start whose loss or variables turn
+        non-finite stops there with its last finite iterate, as in the loop."""
+        opt = BatchedLBFGS(starts, _batched_closure(p, box, self.labels == "soft"), lr=self.lr, max_iter=self.max_iter,
+                           history_size=self.history_size)  # fmt: skip
+        threshold = self.stop_below * float(sum(t.double().pow(2).sum() for t in p.target))
+        active = torch.ones(starts.shape[0], dtype=torch.bool)
+        stopped_at = torch.full((starts.shape[0],), -1, dtype=torch.long)
+        last, steps = starts.clone(), 0
+        for step in range(self.iterations):
+            if bool((active & (opt.evaluate(active) <= threshold)).any()):
+                break  # a start matches exactly: no other could return a visibly different image
+            loss = opt.step(active)
+            steps += 1
+            report_progress(step + 1, self.iterations, loss[active])
+            bad = active & ~(torch.isfinite(loss) & torch.isfinite(opt.x).all(-1))
+            stopped_at[bad] = step
+            active &= ~bad
+            last = torch.where(active[:, None], opt.x, last)
+            if not bool(active.any()):
+                break
+        final = torch.tensor([self._distance_at_flat(p, row, box) for row in last], dtype=torch.float64)
+        return last, final, opt.evaluations.clone(), stopped_at, steps
+
+    def _distance_at_flat(self, p: "_Problem", flat: Tensor, box) -> float:
+        x, label = p.split(flat)
+        return self._distance_at(p.model, p.params, x, label, p.target, box)
 
     def _one_start(self, model, params, target, k, dtype, y, rng, box=None, start=None) -> tuple[Tensor, Tensor, float, int, int]:
         """One L-BFGS run from fresh dummies, or from `start` (images, label logits or labels) without drawing:
@@ -225,6 +361,17 @@ class DLG(DefenseAware, Attack):
     @classmethod
     def estimated_cost(cls, params: dict, case) -> float:
         """L-BFGS evaluates the objective up to max_iter times per step (each a forward-backward-backward pass):
-        iterations x max_iter x restarts (an upper bound; a start that matches exactly ends the restarts)."""
-        p = {"iterations": 300, "max_iter": 20, "restarts": 16, **params}
-        return float(p["iterations"]) * float(p["max_iter"]) * float(p["restarts"])
+        iterations x max_iter x the restarts' cost (an upper bound; a start that matches exactly ends the restarts),
+        the restarts counted as _gradmatch.restarts_cost does where they run batched."""
+        p = {"iterations": 300, "max_iter": 20, "restarts": 16, "batch_restarts": "auto", **params}
+        restarts = restarts_cost(int(p["restarts"]), p["batch_restarts"], case)
+        return float(p["iterations"]) * float(p["max_iter"]) * restarts
+
+    @classmethod
+    def identity_params(cls, params: dict) -> dict:
+        """As DefenseAware's, and batch_restarts only where it is not "auto" (added later: trial ids stay as they
+        were)."""
+        out = super().identity_params(params)
+        if out.get("batch_restarts") == "auto":
+            out.pop("batch_restarts")
+        return out

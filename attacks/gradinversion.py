@@ -25,7 +25,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gleak.attacks._gradmatch import FIXED_LABELS, attack_model, fixed_labels, observed_gradient, squared_distance
+from gleak.attacks._gradmatch import (
+    BATCH_RESTARTS,
+    FIXED_LABELS,
+    attack_model,
+    fixed_labels,
+    observed_gradient,
+    restarts_cost,
+    squared_distance,
+    train_mode_batchnorm,
+    vmap_restarts,
+)
 from gleak.attacks.dlg import soft_cross_entropy
 from gleak.attacks.inverting_gradients import total_variation
 from gleak.errors import UnsupportedCase
@@ -41,12 +51,14 @@ LABELS = ("yin", *FIXED_LABELS, "soft", "guess")
 class BNStatistics:
     """Forward hooks that record, for every BatchNorm layer with running statistics, the batch mean and (biased)
     variance of its input in the last forward pass; `prior()` is R_BN against the running statistics as they were
-    when the hooks were attached (the model's buffers may move afterwards; the targets do not)."""
+    when the hooks were attached (the model's buffers may move afterwards; the targets do not), the first layer's
+    term weighted by `first` (breaching's first_bn_multiplier, from DeepInversion's code: 10)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, first: float = 1.0):
         self.layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
                        and m.running_mean is not None and m.running_var is not None]  # fmt: skip
         self.targets = [(m.running_mean.detach().clone(), m.running_var.detach().clone()) for m in self.layers]
+        self.first = first
         self.seen: list[tuple[Tensor, Tensor]] = []
         self._hooks = [m.register_forward_hook(self._record) for m in self.layers]
 
@@ -57,6 +69,8 @@ class BNStatistics:
 
     def prior(self) -> Tensor:
         terms = [(mu - tm).norm() + (var - tv).norm() for (mu, var), (tm, tv) in zip(self.seen, self.targets)]
+        if self.first != 1.0:
+            terms[0] = self.first * terms[0]
         return torch.stack(terms).sum()
 
     def remove(self) -> None:
@@ -89,6 +103,18 @@ class GradInversion(Attack):
         the paper's value according to breaching, which itself uses 0.01). boxed: clamp pixels to the valid range.
     output: "best" (default): the agent with the lowest final gradient distance (inverting-gradients' rule; which
         image the paper reports is not stated in what was read); "consensus": the group's mean.
+    first_bn: the weight of the first BatchNorm layer's term in R_BN relative to the others (10: breaching's
+        DeepInversion regulariser, first_bn_multiplier, as in DeepInversion's code; 1 weighs every layer alike, the
+        computation behind results stored before the option).
+    batch_restarts: "auto" (default) runs the agents as one torch.func.vmap computation (the derivative of each
+        agent's whole objective, BN prior included) when there are several and the model has fewer than 1M
+        parameters, else one after another; "vmap" / "loop" force it. The same computation to rounding (float64:
+        within 1e-15, tests/test_batched_restarts.py); BatchNorm in train mode runs on batch statistics either way.
+
+    The BN prior's targets are the running statistics of the model the server sent, as the attacker holds it: for
+    a trained case (model_state "trained") the trained model's, which gleak's pretraining stores with its weights;
+    for an untrained one its initial statistics (zero mean, unit variance: FedSGD never moves them, so on an
+    untrained model the prior only pulls the features towards that).
 
     Named deviations: group consistency without registration: the paper aligns the agents' images (RANSAC-flow)
     before averaging them into the consensus E(x); here the consensus is the plain pixel mean of the agents' current
@@ -100,6 +126,9 @@ class GradInversion(Attack):
     extra: grad_loss (final squared gradient distance of the output), restart, bn_layers, bn_prior (its final value
     for the output), iterations.
     """
+
+    # Parameters added after the attack's first release, left out of trial ids at these values.
+    LATER_DEFAULTS = {"first_bn": 10.0, "batch_restarts": "auto"}
 
     needs = frozenset({"architecture", "parameters", "batch_size", "data_stats"})
     conformance_params = {"iterations": 4, "restarts": 2, "warmup": 1}
@@ -119,6 +148,8 @@ class GradInversion(Attack):
         warmup: int = 50,
         boxed: bool = True,
         output: Literal["best", "consensus"] = "best",
+        first_bn: float = 10.0,
+        batch_restarts: Literal["auto", "vmap", "loop"] = "auto",
     ):
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
@@ -128,18 +159,33 @@ class GradInversion(Attack):
             raise ValueError(f"restarts must be >= 1, got {restarts}")
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
-        for name, value in (("grad_weight", grad_weight), ("tv", tv), ("l2", l2), ("bn", bn), ("group", group), ("noise", noise)):
+        for name, value in (("grad_weight", grad_weight), ("tv", tv), ("l2", l2), ("bn", bn), ("group", group), ("noise", noise),
+                            ("first_bn", first_bn)):  # fmt: skip
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if grad_weight == 0:
             raise ValueError("grad_weight must be > 0 (without the gradient term nothing is matched)")
         check_choice("labels", labels, LABELS)
         check_choice("output", output, ("best", "consensus"))
+        check_choice("batch_restarts", batch_restarts, BATCH_RESTARTS)
+        self.first_bn, self.batch_restarts = float(first_bn), batch_restarts
         self.iterations, self.lr, self.restarts, self.labels = iterations, lr, restarts, labels
         self.grad_weight, self.tv, self.l2, self.bn, self.group = grad_weight, tv, l2, bn, group
         self.noise, self.warmup, self.boxed, self.output = noise, warmup, boxed, output
         if labels == "given":
             self.needs = self.needs | {"labels"}
+
+    @classmethod
+    def identity_params(cls, params: dict) -> dict:
+        """The stored parameters: those of LATER_DEFAULTS only where they differ from them (earlier trial ids stay)."""
+        return {k: v for k, v in params.items() if not (k in cls.LATER_DEFAULTS and v == cls.LATER_DEFAULTS[k])}
+
+    @classmethod
+    def estimated_cost(cls, params: dict, case) -> float:
+        """One gradient-matching evaluation per iteration and agent, the agents counted as _gradmatch.restarts_cost
+        does where they run batched."""
+        p = {"iterations": 20_000, "restarts": 4, "batch_restarts": "auto", **params}
+        return float(p["iterations"]) * restarts_cost(int(p["restarts"]), p["batch_restarts"], case, train_bn=True)
 
     def schedule(self, step: int) -> float:
         """The learning-rate factor at `step`: linear warm-up, then cosine decay to 0 at the last step."""
@@ -170,66 +216,111 @@ class GradInversion(Attack):
         dtype = params[0].dtype
         gradient, extra = observed_gradient(observation.update, names, dtype)
         target = list(gradient)
-        soft = self.labels == "soft"
-        if soft:
-            y = None
-        elif self.labels == "guess":  # distinct classes, as the restoration assumes; more than the classes repeat
-            draws = -(-k.batch_size // k.num_classes)
-            y = torch.cat([torch.randperm(k.num_classes, generator=rng) for _ in range(draws)])[: k.batch_size]
-        else:
-            y = fixed_labels(self.labels, gradient, model, k, k.batch_size, rng)
-        stats = BNStatistics(model)  # targets: the running statistics the model arrived with
-        for m in stats.layers:
-            m.momentum = 0.0  # forward passes in train mode leave the buffers where they are
-        lo = ((0 - k.mean) / k.std).to(dtype).view(-1, 1, 1)
-        hi = ((1 - k.mean) / k.std).to(dtype).view(-1, 1, 1)
-        x = torch.randn((self.restarts, k.batch_size, *k.input_shape), generator=rng, dtype=dtype)
-        x.requires_grad_(True)
-        variables = [x]
-        if soft:  # one set of label logits per agent, moved by the same optimiser as the images
-            label_logits = torch.randn((self.restarts, k.batch_size, k.num_classes), generator=rng, dtype=dtype)
-            variables.append(label_logits.requires_grad_(True))
-        opt = torch.optim.Adam(variables, lr=self.lr)
-        use_group = self.group > 0 and self.restarts > 1
+        y = self._labels(gradient, model, k, rng)
+        stats = BNStatistics(model, self.first_bn)  # targets: the running statistics the model arrived with
+        vmapped = vmap_restarts(self.batch_restarts, self.restarts, model, params, "gradinversion", train_bn=True)
         try:
-            for step in range(self.iterations):
-                lr_now = self.lr * self.schedule(step)
-                for g in opt.param_groups:
-                    g["lr"] = lr_now
-                consensus = x.detach().mean(0) if use_group else None
-                grad_x = torch.empty_like(x)
-                grad_l = torch.empty_like(label_logits) if soft else None
-                for r in range(self.restarts):
-                    xr = x[r].detach().requires_grad_(True)
-                    if soft:
-                        lr_r = label_logits[r].detach().requires_grad_(True)
-                        obj, _, _ = self._objective(model, params, stats, xr, lr_r, target, consensus)
-                        grad_x[r], grad_l[r] = torch.autograd.grad(obj, (xr, lr_r))
-                    else:
-                        obj, _, _ = self._objective(model, params, stats, xr, y, target, consensus)
-                        (grad_x[r],) = torch.autograd.grad(obj, xr)
-                x.grad = grad_x
-                if soft:
-                    label_logits.grad = grad_l
-                opt.step()
-                report_progress(step + 1, self.iterations)
-                with torch.no_grad():
-                    if self.noise > 0:
-                        x.add_(torch.randn(x.shape, generator=rng, dtype=dtype), alpha=lr_now * self.noise)
-                    if self.boxed:
-                        x.clamp_(lo, hi)
-            x = x.detach()
-            per_agent = label_logits.detach() if soft else [y] * self.restarts
+            step_gradients = self._gradient_function(model, names, params, stats, target, y, vmapped)
+            x, logits = self._optimise(step_gradients, k, dtype, rng)
+            per_agent = logits if logits is not None else [y] * self.restarts
             finals = [self._objective(model, params, stats, xr.clone().requires_grad_(True), yr, target, None)
                       for xr, yr in zip(x, per_agent)]  # fmt: skip
         finally:
             stats.remove()
         extra.update(bn_layers=len(stats.layers), iterations=self.iterations)
         losses = torch.stack([f[1] for f in finals])
-        if soft:  # the labels of the agent the output reads (the best; the consensus takes the first agent's)
+        if logits is not None:  # the labels of the agent the output reads (the best; the consensus takes the first agent's)
             best = int(torch.argmin(losses)) if self.output == "best" else 0
-            y = label_logits.detach()[best].argmax(-1)
+            y = logits[best].argmax(-1)
         return x, losses, [f[2] for f in finals], y, extra
+
+    def _labels(self, gradient, model: nn.Module, k, rng: torch.Generator) -> Tensor | None:
+        """The labels the agents share (None: soft labels, optimised per agent)."""
+        if self.labels == "soft":
+            return None
+        if self.labels == "guess":  # distinct classes, as the restoration assumes; more than the classes repeat
+            draws = -(-k.batch_size // k.num_classes)
+            return torch.cat([torch.randperm(k.num_classes, generator=rng) for _ in range(draws)])[: k.batch_size]
+        return fixed_labels(self.labels, gradient, model, k, k.batch_size, rng)
+
+    def _optimise(self, step_gradients, k, dtype: torch.dtype, rng: torch.Generator) -> tuple[Tensor, Tensor | None]:
+        """The group's Adam run: (final images (G, B, C, H, W), final label logits (G, B, K) or None)."""
+        lo = ((0 - k.mean) / k.std).to(dtype).view(-1, 1, 1)
+        hi = ((1 - k.mean) / k.std).to(dtype).view(-1, 1, 1)
+        x = torch.randn((self.restarts, k.batch_size, *k.input_shape), generator=rng, dtype=dtype).requires_grad_(True)
+        variables = [x]
+        if self.labels == "soft":  # one set of label logits per agent, moved by the same optimiser as the images
+            variables.append(torch.randn((self.restarts, k.batch_size, k.num_classes), generator=rng, dtype=dtype))
+            variables[1].requires_grad_(True)
+        opt = torch.optim.Adam(variables, lr=self.lr)
+        use_group = self.group > 0 and self.restarts > 1
+        for step in range(self.iterations):
+            lr_now = self.lr * self.schedule(step)
+            for g in opt.param_groups:
+                g["lr"] = lr_now
+            consensus = x.detach().mean(0) if use_group else None
+            for v, g in zip(variables, step_gradients(*[v.detach() for v in variables], consensus)):
+                v.grad = g
+            opt.step()
+            report_progress(step + 1, self.iterations)
+            with torch.no_grad():
+                if self.noise > 0:
+                    x.add_(torch.randn(x.shape, generator=rng, dtype=dtype), alpha=lr_now * self.noise)
+                if self.boxed:
+                    x.clamp_(lo, hi)
+        return x.detach(), (variables[1].detach() if len(variables) > 1 else None)
+
+    def _gradient_function(self, model: nn.Module, names, params, stats: BNStatistics, target, y, vmapped: bool):
+        """(images (G, B, ...), [label logits (G, B, K)], consensus or None) -> the objective's derivative in each
+        variable, for every agent: one torch.func.vmap pass over the agents (`vmapped`), or one agent after another."""
+        soft = y is None
+        if not vmapped:
+            def one_by_one(x: Tensor, *rest):
+                logits, consensus = (rest[0], rest[1]) if soft else (None, rest[0])
+                grads = [torch.empty_like(x)] + ([torch.empty_like(logits)] if soft else [])
+                for r in range(x.shape[0]):
+                    xr = x[r].detach().requires_grad_(True)
+                    inputs = (xr, logits[r].detach().requires_grad_(True)) if soft else (xr,)
+                    obj, _, _ = self._objective(model, params, stats, xr, inputs[1] if soft else y, target, consensus)
+                    for out, g in zip(grads, torch.autograd.grad(obj, inputs)):
+                        out[r] = g
+                return grads
+
+            return one_by_one
+        from torch.func import grad, vmap
+
+        objective = self._vmap_objective(model, names, stats, target, y)
+        if soft:
+            return vmap(grad(objective, argnums=(0, 1)), in_dims=(0, 0, None))
+        per_agent = vmap(grad(objective), in_dims=(0, None))
+        return lambda x, consensus: [per_agent(x, consensus)]
+
+    def _vmap_objective(self, model: nn.Module, names, stats: BNStatistics, target, y):
+        """One agent's objective as a function of its variables (for torch.func): its parameter gradient by
+        torch.func.grad through functional_call, the BN prior from the hooks' records of the same forward pass.
+        BatchNorm in train mode is switched to batch statistics without running ones on the attack's private model
+        copy (torch.func.replace_all_batch_norm_modules_: vmap cannot update buffers); the prior's targets were
+        copied before."""
+        from torch.func import functional_call, grad, replace_all_batch_norm_modules_
+
+        if train_mode_batchnorm(model):
+            replace_all_batch_norm_modules_(model)
+        weights = {n: p.detach() for n, p in model.named_parameters() if n in set(names)}
+        buffers = dict(model.named_buffers())
+
+        def loss_and_prior(w, xr, label):
+            stats.seen.clear()
+            out = functional_call(model, (w, buffers), (xr,))
+            loss = soft_cross_entropy(out, label) if label.is_floating_point() else F.cross_entropy(out, label)
+            return loss, (stats.prior() if stats.layers else loss.new_zeros(()))
+
+        def objective(xr: Tensor, *rest) -> Tensor:
+            label, consensus = (rest[0], rest[1]) if y is None else (y, rest[0])
+            g, prior = grad(loss_and_prior, has_aux=True)(weights, xr, label)
+            dist = squared_distance([g[n] for n in names], target)
+            return self._regularised(dist, xr, prior if stats.layers else None, consensus)
+
+        return objective
 
     def _objective(self, model, params, stats: BNStatistics, x: Tensor, y: Tensor, target, consensus):
         """(objective, squared gradient distance, BN prior) of one agent's batch x; y: hard labels, or (float) the
@@ -238,17 +329,20 @@ class GradInversion(Attack):
         loss = soft_cross_entropy(model(x), y) if y.is_floating_point() else F.cross_entropy(model(x), y)
         grads = torch.autograd.grad(loss, params, create_graph=True)
         dist = squared_distance(grads, target)
+        prior = stats.prior() if stats.layers else None
+        obj = self._regularised(dist, x, prior, consensus)
+        return obj, dist.detach(), float(prior.detach()) if prior is not None else float("nan")
+
+    def _regularised(self, dist: Tensor, x: Tensor, prior: Tensor | None, consensus: Tensor | None) -> Tensor:
+        """grad_weight x the gradient distance plus the regularisers of one agent's batch x (terms at weight 0
+        left out, so that turning a term off removes it exactly)."""
         obj = self.grad_weight * dist
         if self.tv > 0:
             obj = obj + self.tv * total_variation(x)
         if self.l2 > 0:
             obj = obj + self.l2 * x.norm()
-        bn_value = float("nan")
-        if stats.layers:
-            prior = stats.prior()
-            bn_value = float(prior.detach())
-            if self.bn > 0:
-                obj = obj + self.bn * prior
+        if prior is not None and self.bn > 0:
+            obj = obj + self.bn * prior
         if consensus is not None:
             obj = obj + self.group * (x - consensus).norm()
-        return obj, dist.detach(), bn_value
+        return obj

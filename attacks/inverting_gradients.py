@@ -26,8 +26,11 @@ from gleak.attacks._gradmatch import (
     cosine_distance,
     fixed_labels,
     observed_gradient,
+    BATCH_RESTARTS,
     param_gradients,
-    train_mode_batchnorm,
+    restarts_cost,
+    row_gradients,
+    vmap_restarts,
     wire_box,
 )
 from gleak.errors import UnsupportedCase
@@ -40,10 +43,6 @@ from gleak.progress import report as report_progress
 # is 0.1 on the sum used here (breaching's config says so), over 24,000 iterations.
 PRESETS = {"paper": (24_000, 1e-4), "code": (4_800, 1e-1), "breaching": (24_000, 1e-1)}
 IGLabels = Literal["idlg", "bias-sign", "row-sign", "count-aware", "given"]
-# Batch restarts with torch.func.vmap only for models below this size: measured by benchmarks/attack_speed.py, vmap
-# is faster for LeNet-sized models and slower for ResNets on the CPU (its batched conv weight-gradient is costly).
-VMAP_MAX_PARAMS = 1_000_000
-
 
 # "Far below" the preset's iterations: under a tenth of them.
 UNDER_BUDGET = 10
@@ -87,7 +86,9 @@ class InvertingGradients(DefenseAware, Attack):
     signed, boxed, lr_decay: the paper's three optimiser choices, each on by default.
     batch_restarts: "auto" (default) runs the restarts as one torch.func.vmap computation when the model has fewer
         than 1M parameters and no BatchNorm in train mode, else one after another; "vmap" / "loop" force it.
-        Both compute the same mathematics (Adam is element-wise), to floating-point rounding.
+        Both compute the same mathematics (Adam is element-wise), to floating-point rounding: every restart's
+        parameter gradient by one vmap pass, the derivative of the summed objectives by one backward pass
+        (_gradmatch.row_gradients).
     defense_aware: the attacker knows the defense (adds "knows_defense" to `needs`; Kerckhoffs) and measures the
         cosine distance of the candidate gradient to its projection on the set of gradients the wire allows
         (attacks/_gradmatch.wire_box) instead of to the wire: Top-k / DGP / Soteria (sparsification): only
@@ -151,7 +152,7 @@ class InvertingGradients(DefenseAware, Attack):
         if lr <= 0 or restarts < 1:
             raise ValueError("lr must be > 0 and restarts >= 1")
         check_choice("labels", labels, FIXED_LABELS)
-        check_choice("batch_restarts", batch_restarts, ("auto", "vmap", "loop"))
+        check_choice("batch_restarts", batch_restarts, BATCH_RESTARTS)
         self.preset, self.iterations, self.tv, self.lr, self.restarts = preset, iterations, tv, lr, restarts
         self.labels, self.signed, self.boxed, self.lr_decay = labels, signed, boxed, lr_decay
         self.batch_restarts = batch_restarts
@@ -225,22 +226,15 @@ class InvertingGradients(DefenseAware, Attack):
 
     @classmethod
     def estimated_cost(cls, params: dict, case) -> float:
-        """One gradient-matching evaluation per iteration and restart; the preset's iterations where `iterations`
-        is None (the default estimate read None as one iteration: 24,000 times too little for the paper preset)."""
-        p = {"preset": "paper", "iterations": None, "restarts": 1, **params}
+        """One gradient-matching evaluation per iteration and restart, the restarts counted as
+        _gradmatch.restarts_cost does where they run batched; the preset's iterations where `iterations` is None
+        (the default estimate read None as one iteration: 24,000 times too little for the paper preset)."""
+        p = {"preset": "paper", "iterations": None, "restarts": 1, "batch_restarts": "auto", **params}
         iterations = p["iterations"] if p["iterations"] is not None else PRESETS[p["preset"]][0]
-        return float(iterations) * float(p["restarts"])
+        return float(iterations) * restarts_cost(int(p["restarts"]), p["batch_restarts"], case)
 
     def _use_vmap(self, model: nn.Module, params: list[nn.Parameter]) -> bool:
-        if self.batch_restarts == "loop":
-            return False
-        if train_mode_batchnorm(model):
-            if self.batch_restarts == "vmap":
-                raise UnsupportedCase("batch_restarts = 'vmap' cannot run a model with BatchNorm in train mode")
-            return False
-        if self.batch_restarts == "vmap":
-            return True
-        return self.restarts > 1 and sum(p.numel() for p in params) < VMAP_MAX_PARAMS
+        return vmap_restarts(self.batch_restarts, self.restarts, model, params, "inverting-gradients")
 
     def _gradient_function(
         self, model: nn.Module, names: list[str], params: list[nn.Parameter], y: Tensor, target: list[Tensor], target_norm: Tensor,
@@ -253,20 +247,18 @@ class InvertingGradients(DefenseAware, Attack):
             return cosine_distance(grads, target, target_norm) if box is None else box_cosine_distance(grads, box)
 
         if self._use_vmap(model, params):
-            from torch.func import functional_call, grad, vmap
+            from torch.func import vmap
 
-            weights = {n: p.detach() for n, p in zip(names, params)}
-            buffers = dict(model.named_buffers())
+            gradients = row_gradients(model, names, params, F.cross_entropy, batched_labels=False)
+            per_row = vmap(lambda grads, xr: (distance(grads), tv * total_variation(xr) if tv > 0 else xr.new_zeros(())))
 
-            def objective(xr: Tensor) -> tuple[Tensor, Tensor]:
-                def loss_of(w):
-                    return F.cross_entropy(functional_call(model, (w, buffers), (xr,)), y)
+            def batched(x: Tensor) -> tuple[Tensor, Tensor]:
+                with torch.enable_grad():
+                    v = x.detach().requires_grad_(True)
+                    rec, prior = per_row(gradients(v, y), v)
+                    (g,) = torch.autograd.grad((rec + prior).sum() if tv > 0 else rec.sum(), v)
+                return g, rec.detach()
 
-                g = grad(loss_of)(weights)
-                rec = distance([g[n] for n in names])
-                return (rec + tv * total_variation(xr) if tv > 0 else rec), rec
-
-            batched = vmap(grad(objective, has_aux=True))
             return batched
 
         def one_by_one(x: Tensor) -> tuple[Tensor, Tensor]:

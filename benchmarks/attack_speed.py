@@ -1,6 +1,7 @@
 """How fast gleak's optimisation attacks run against the floor of the same computation written by hand in raw torch.
 
     python benchmarks/attack_speed.py [--threads 1] [--repeats 5] [--skip-rss] [--device auto|cpu|cuda[:N]]
+                                      [--only restarts] [--seeds 8] [--dlg-iterations 300] [--ig-iterations 300]
 
 Prints, measured in this run:
 1. ms per iteration of gleak's inverting-gradients (one signed-Adam step) and dlg (one L-BFGS closure evaluation) on
@@ -11,7 +12,16 @@ Prints, measured in this run:
    and the fastest counts (the machine is shared: the minimum is the least disturbed measurement).
 2. Restarts of inverting-gradients as one torch.func.vmap computation against the same restarts one after another
    (batch_restarts = "vmap" vs "loop"), and which one batch_restarts = "auto" picks.
-3. Peak RSS of one inverting-gradients trial on ResNet-18 at batch size 8 in a fresh process (target < 4 GiB).
+3. Restarts as one computation against the same restarts one after another, whole trials (gleak.trial.execute,
+   the geiping-table1 case: untrained LeNet, 32x32 real images, batch size 1, eval mode), seeds 0..--seeds-1:
+   - dlg, 16 restarts x --dlg-iterations L-BFGS steps, default stop_below: CPU time of all seeds batched against
+     sequential (target >= 4x), how many seeds each recovers (PSNR >= 40 dB) and their median PSNR;
+   - inverting-gradients, 8 restarts x --ig-iterations: the batched trial against the sequential one, and ms per
+     iteration (marginal) of gleak's batched restarts against the fair floor, the same restarts written by hand in
+     raw torch with one batched forward/backward per iteration (torch.func per-restart gradients; target <= 1.15);
+   - gradinversion, 4 agents, ResNet-20 (width 1, 16 px, batch 4, train mode): batched against one after another,
+     the same gradient distance.
+4. Peak RSS of one inverting-gradients trial on ResNet-18 at batch size 8 in a fresh process (target < 4 GiB).
    Peak memory does not grow with iterations (each iteration frees its graph), so a few iterations measure it.
 Clock: CPU time of this process when --threads is 1 (stable under other load), wall time otherwise; on a GPU
 (--device cuda), wall time after torch.cuda.synchronize (the kernels are asynchronous). The model, the batch and the
@@ -26,6 +36,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,6 +206,118 @@ def restart_lines(args, now) -> list[str]:
     return out
 
 
+# ---- restarts as one computation, whole trials -----------------------------------------------------------------
+LENET_CASE = dict(dataset="skimage", model="lenet", batch_size=1, model_mode="eval")
+EXACT_PSNR = 40.0
+
+
+def _trial(attack: str, params: dict, seed: int, now, case: dict = LENET_CASE) -> tuple[float, dict]:
+    from gleak.config import CaseConfig, TrialConfig
+    from gleak.trial import execute
+
+    t0 = now()
+    s = execute(TrialConfig("bench", attack, params, "none", {}, CaseConfig(**case), seed))
+    return now() - t0, s
+
+
+def dlg_restart_lines(args, now) -> list[str]:
+    """dlg: 16 restarts batched against sequential over seeds, the same trials (CPU time summed over seeds)."""
+    t = {"vmap": 0.0, "loop": 0.0}
+    psnr: dict[str, list[float]] = {"vmap": [], "loop": []}
+    for seed in range(args.seeds):
+        for mode in ("vmap", "loop"):
+            dt, s = _trial("dlg", {"iterations": args.dlg_iterations, "restarts": 16, "batch_restarts": mode}, seed, now)
+            t[mode] += dt
+            psnr[mode].append(s["psnr"])
+        print(f"  dlg seed {seed}: batched {psnr['vmap'][-1]:.1f} dB, sequential {psnr['loop'][-1]:.1f} dB; so far "
+              f"{t['vmap']:.1f} s batched, {t['loop']:.1f} s sequential", file=sys.stderr, flush=True)  # fmt: skip
+    out = []
+    for mode, name in (("vmap", "batched"), ("loop", "sequential")):
+        ok = sum(p >= EXACT_PSNR for p in psnr[mode])
+        med = sorted(psnr[mode])[len(psnr[mode]) // 2]
+        out.append(f"dlg 16 restarts x {args.dlg_iterations} steps, {name:<10}: {t[mode]:8.1f} s over {args.seeds} seeds, "
+                   f"recovered (>= {EXACT_PSNR:g} dB) {ok}/{args.seeds}, median PSNR {med:.1f} dB, per seed "
+                   + " ".join(f"{p:.1f}" for p in psnr[mode]))  # fmt: skip
+    ratio = t["loop"] / t["vmap"]
+    out.append(f"dlg batched speed-up x{ratio:.2f} ({'meets' if ratio >= 4 else 'misses'} the x4 target)")
+    return out
+
+
+def raw_batched_inverting_gradients(obs: Observation, y: torch.Tensor, restarts: int, iterations: int, tv: float, seed: int):
+    """The floor of batched restarts: R restarts of inverting gradients written by hand, one batched
+    forward/backward per iteration (torch.func per-restart parameter gradients, then one backward to the images)."""
+    from torch.func import functional_call, grad, vmap
+
+    model = copy.deepcopy(obs.model)
+    names = [n for n, _ in model.named_parameters()]
+    weights = {n: p.detach() for n, p in model.named_parameters()}
+    target = [t for t in obs.update]
+    target_norm = torch.stack([t.pow(2).sum() for t in target]).sum().sqrt()
+    k = obs.knowledge
+    lo, hi = (-k.mean / k.std).view(-1, 1, 1), ((1 - k.mean) / k.std).view(-1, 1, 1)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((restarts, k.batch_size, *k.input_shape), generator=gen).requires_grad_(True)
+    per_row = vmap(grad(lambda w, xr: F.cross_entropy(functional_call(model, w, (xr,)), y)), in_dims=(None, 0))
+    opt = torch.optim.Adam([x], lr=0.1)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, [iterations * 3 // 8, iterations * 5 // 8, iterations * 7 // 8], 0.1)
+    for _ in range(iterations):
+        g = per_row(weights, x)
+        dot = sum((g[n] * t).flatten(1).sum(1) for n, t in zip(names, target))
+        norm = sum(g[n].pow(2).flatten(1).sum(1) for n in names).sqrt()
+        loss = (1 - dot / (norm * target_norm)).sum()
+        loss = loss + tv * ((x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(1)
+                            + (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1)).sum()  # fmt: skip
+        (x.grad,) = torch.autograd.grad(loss, [x])
+        x.grad.sign_()
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            x.data = torch.max(torch.min(x, hi), lo)
+    return x.detach()
+
+
+def ig_restart_lines(args, now) -> list[str]:
+    its, out = args.ig_iterations, []
+    t = {}
+    for mode in ("vmap", "loop"):
+        params = {"preset": "code", "iterations": its, "restarts": 8, "batch_restarts": mode}
+        t[mode], s = _trial("inverting-gradients", params, 0, now)
+        out.append(f"inverting-gradients 8 restarts x {its}, {'batched' if mode == 'vmap' else 'sequential':<10}: "
+                   f"{t[mode]:7.1f} s, PSNR {s['psnr']:.2f} dB, grad_loss {s['extra']['grad_loss']:.6f}")  # fmt: skip
+    out.append(f"inverting-gradients batched speed-up x{t['loop'] / t['vmap']:.2f}")
+    obs, batch = observation("lenet", 1)
+
+    def gleak_ig(n):
+        gleak.create("attack", "inverting-gradients", preset="code", iterations=n, restarts=8, batch_restarts="vmap",
+                     labels="given").reconstruct(obs, torch.Generator().manual_seed(0))  # fmt: skip
+        return n
+
+    def floor_ig(n):
+        raw_batched_inverting_gradients(obs, batch.y, 8, n, 0.1, 0)
+        return n
+
+    obs = Observation(obs.update, replace(obs.knowledge, labels=batch.y.clone()), obs.model)
+    r = marginal({"gleak": gleak_ig, "floor": floor_ig}, max(10, its // 4), args.repeats, now)
+    ratio = r["gleak"] / r["floor"]
+    out.append(f"inverting-gradients 8 restarts batched: gleak {1e3 * r['gleak']:.2f} ms/it, floor {1e3 * r['floor']:.2f} "
+               f"ms/it, ratio {ratio:.2f} ({'ok' if ratio <= TARGET_RATIO else 'OVER'} the {TARGET_RATIO} target)")  # fmt: skip
+    return out
+
+
+def gi_restart_lines(args, now) -> list[str]:
+    case = dict(dataset="skimage", model="resnet20", model_params={"width": 1}, resolution=16, batch_size=4,
+                model_mode="train")  # fmt: skip
+    t, out = {}, []
+    for mode in ("vmap", "loop"):
+        params = {"iterations": args.gi_iterations, "restarts": 4, "batch_restarts": mode}
+        t[mode], s = _trial("gradinversion", params, 0, now, case)
+        out.append(f"gradinversion 4 agents x {args.gi_iterations}, ResNet-20 16 px B=4, "
+                   f"{'batched' if mode == 'vmap' else 'sequential':<10}: {t[mode]:7.1f} s, PSNR {s['psnr']:.2f} dB, "
+                   f"grad_loss {s['extra']['grad_loss']:.6g}")  # fmt: skip
+    out.append(f"gradinversion batched speed-up x{t['loop'] / t['vmap']:.2f}")
+    return out
+
+
 RSS_CHILD = """
 import json, resource, sys, time, torch
 sys.path.insert(0, {root!r})
@@ -225,6 +348,11 @@ def main() -> int:
     p.add_argument("--resnet-iterations", type=int, default=5)
     p.add_argument("--rss-iterations", type=int, default=3)
     p.add_argument("--skip-rss", action="store_true")
+    p.add_argument("--only", choices=["restarts"], help="run only this section")
+    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--dlg-iterations", type=int, default=300)
+    p.add_argument("--ig-iterations", type=int, default=300)
+    p.add_argument("--gi-iterations", type=int, default=100)
     p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:N (default cpu)")
     args = p.parse_args()
     from gleak.errors import InputError
@@ -245,7 +373,8 @@ def main() -> int:
 
 
 def _measure(args, now) -> int:
-
+    if args.only == "restarts":
+        return _restarts(args, now)
     print("\n## ms per iteration: gleak vs the raw-torch floor (target ratio <= 1.15)")
     worst = 0.0
     for name, g, r in speed_lines(args, now):
@@ -258,12 +387,23 @@ def _measure(args, now) -> int:
     for line in restart_lines(args, now):
         print(line)
 
+    _restarts(args, now)
     if not args.skip_rss:
         print("\n## peak memory of one inverting-gradients trial, ResNet-18, batch size 8, 32x32 (fresh process)")
         m = peak_rss(args)
         gib = m["maxrss_kib"] / 2**20
         print(f"peak RSS {gib:.2f} GiB ({m['maxrss_kib']} KiB), {args.rss_iterations} iterations in {m['seconds']:.1f} s: "
               f"{'under' if gib < RSS_TARGET_GIB else 'OVER'} the {RSS_TARGET_GIB} GiB target")  # fmt: skip
+    return 0
+
+
+def _restarts(args, now) -> int:
+    print("\n## restarts as one computation vs one after another, whole trials (untrained LeNet 32 px, B=1)")
+    for mode in ("vmap", "loop"):  # warm-up, not timed: the first trial pays for imports and lazy initialisation
+        _trial("dlg", {"iterations": 1, "max_iter": 2, "restarts": 2, "batch_restarts": mode}, 0, now)
+    for fn in (dlg_restart_lines, ig_restart_lines, gi_restart_lines):
+        for line in fn(args, now):
+            print(line, flush=True)
     return 0
 
 

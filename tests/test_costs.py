@@ -36,8 +36,9 @@ def _order(tmp_path: Path, attacks: str) -> list[str]:
 
 
 def test_a_suite_mixing_dlg_and_inverting_gradients_starts_the_dlg_trials_first(tmp_path):
-    # DLG's defaults: 300 steps x up to 20 evaluations x 16 restarts = 96,000 evaluations; inverting gradients here
-    # 10,000. Counting one evaluation per L-BFGS step (4,800) would start IG first.
+    # DLG's defaults: 300 steps x up to 20 evaluations x 16 restarts, batched on this small model (1 + 0.25 x 15
+    # restarts' worth): 28,500 evaluations; inverting gradients here 10,000. Counting one evaluation per L-BFGS step
+    # would start IG first.
     order = _order(tmp_path, """
 [[attack]]
 name = "inverting-gradients"
@@ -66,6 +67,7 @@ name = "dlg"
 iterations = 300
 max_iter = 20
 restarts = 8
+batch_restarts = "loop"
 [[attack]]
 name = "inverting-gradients"
 restarts = 1

@@ -34,7 +34,8 @@ name = "none"
 
 @pytest.mark.parametrize(
     "attack, total, starts",
-    [({"name": "dlg", "iterations": 5, "max_iter": 2, "restarts": 2}, 5, 2),
+    [({"name": "dlg", "iterations": 5, "max_iter": 2, "restarts": 2}, 5, 1),  # batched: the starts advance together
+     ({"name": "dlg", "iterations": 5, "max_iter": 2, "restarts": 2, "batch_restarts": "loop"}, 5, 2),
      ({"name": "inverting-gradients", "iterations": 6, "restarts": 2}, 6, 1),
      ({"name": "gradinversion", "iterations": 4, "restarts": 2, "warmup": 1}, 4, 1)],
 )  # fmt: skip
