@@ -174,11 +174,16 @@ class RayExecutor:
                         done_seconds += row["seconds"]
                     done.append((cfg, row))
             submit()  # the workers go on while the results are written
-            for _, row in done:
-                png = row.pop("_image_png", None)
-                if png is not None and env.image_dir is not None:
-                    atomic_write_bytes(Path(env.image_dir) / row["image"], png)
+            _write_images(done, env)
             record(done)
+
+
+def _write_images(done: Finished, env: TrialEnv) -> None:
+    """The reconstruction PNGs that came back inside the rows, written here (a task's node need not see the folder)."""
+    for _, row in done:
+        png = row.pop("_image_png", None)
+        if png is not None and env.image_dir is not None:
+            atomic_write_bytes(Path(env.image_dir) / row["image"], png)
 
 
 def _reason(exc: BaseException) -> str:

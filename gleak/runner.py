@@ -202,6 +202,32 @@ def suite_device(suite: Suite, device: str | None = None) -> str:
     return "cpu"
 
 
+def _claim_and_lock(out: Path, suite: Suite, force: bool, stack: contextlib.ExitStack) -> Any:
+    """Read-only checks first (the folder is gleak's or empty, its store is gleak's, it holds no other suite's
+    results), then the lock (released by `stack`): a second run on the folder stops there, having changed nothing.
+    Returns the folder's manifest, read again under the lock (what another run left meanwhile)."""
+    from gleak import folder as owned
+
+    check_unlocked(out)  # a run creating its files right now: say so, rather than "not a gleak folder"
+    owned.claim(out, force, check_store)
+    held = read_meta(out, "suite")
+    if held is not None and held != suite.name and not force:
+        raise InputError(f"{out}: holds the results of suite {held!r}; a run of suite {suite.name!r} would replace "
+                         f"its leaderboard: use another --out (or --force)")  # fmt: skip
+    stack.callback(release_lock, take_lock(out))
+    return owned.claim(out, force, check_store)
+
+
+def _adopt_suite(store: Store, suite: Suite) -> None:
+    """Every trial of the suite is stored now (ok or failed): only now does the folder's suite become this one, so
+    that an interrupted run, or a run of another suite that stops, hides none of the trials shown before."""
+    store.set_meta("suite", suite.name)
+    store.set_meta("description", suite.description)
+    store.set_meta("verdict", suite.verdict)  # the leaderboard's verdict rule
+    store.set_meta("claims", suite.claims)  # the [[claim]] tables its leaderboard judges (gleak.claims)
+    store.set_membership(suite.trials)
+
+
 def run_suite(
     suite: Suite,
     out: str | Path,
@@ -235,8 +261,6 @@ def run_suite(
     InputError, before anything is touched, for a device that is not here. verbose: every trial prints its attack's
     iterations to stderr (gleak.progress), also from worker processes and Ray tasks.
     """
-    from gleak import folder as owned
-
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     out = Path(out)
@@ -246,14 +270,7 @@ def run_suite(
         # Read-only checks first (the folder is gleak's or empty, its store is gleak's), then the lock: a second run
         # on the folder stops there, having changed nothing. Then Ray, so that a cluster that cannot be reached stops
         # the run before the store is created.
-        check_unlocked(out)  # a run creating its files right now: say so, rather than "not a gleak folder"
-        owned.claim(out, force, check_store)
-        held = read_meta(out, "suite")
-        if held is not None and held != suite.name and not force:
-            raise InputError(f"{out}: holds the results of suite {held!r}; a run of suite {suite.name!r} would replace "
-                             f"its leaderboard: use another --out (or --force)")  # fmt: skip
-        stack.callback(release_lock, take_lock(out))
-        manifest = owned.claim(out, force, check_store)  # again under the lock: what another run left meanwhile
+        manifest = _claim_and_lock(out, suite, force, stack)
         ray = None
         if executor == "ray":
             from gleak.ray_executor import RayExecutor
@@ -295,13 +312,7 @@ def run_suite(
             manifest.save()
         bar.close()
         store.clean_partial_files()  # a worker killed while writing an image; no worker runs now
-        # Every trial of the suite is stored now (ok or failed): only now does the folder's suite become this one,
-        # so that an interrupted run, or a run of another suite that stops, hides none of the trials shown before.
-        store.set_meta("suite", suite.name)
-        store.set_meta("description", suite.description)
-        store.set_meta("verdict", suite.verdict)  # the leaderboard's verdict rule
-        store.set_meta("claims", suite.claims)  # the [[claim]] tables its leaderboard judges (gleak.claims)
-        store.set_membership(suite.trials)
+        _adopt_suite(store, suite)
         from gleak.utility import run_suite_utility
 
         util_failed = run_suite_utility(suite, store, progress, workers or 1, device)  # accuracy under each defense

@@ -238,70 +238,85 @@ def run_in_process(todo: list[TrialConfig], env: TrialEnv, record: Record) -> No
         torch.set_num_threads(previous)
 
 
+class _Pool:
+    """The worker processes of one `run_pool`, the trials waiting for one, and how often each trial was attempted."""
+
+    def __init__(self, todo: list[TrialConfig], env: TrialEnv, workers: int, timeouts: dict[str, float]):
+        self.ctx, self.env, self.timeouts = _context(), env, timeouts
+        self.queue = deque(todo)
+        self.attempts: dict[str, int] = {}
+        self.workers = [_Worker(self.ctx, env) for _ in range(min(workers, len(todo)))]
+
+    def hand_out(self) -> None:
+        for i, w in enumerate(self.workers):
+            while w.task is None and self.queue:
+                cfg = self.queue.popleft()
+                if not w.give(cfg):  # died while idle: nothing was running on it
+                    self.queue.appendleft(cfg)
+                    w.stop()
+                    self.workers[i] = w = _Worker(self.ctx, self.env)
+
+    def wait_ready(self) -> set:
+        """The busy workers' pipes and processes that have something to say, waiting at most until the first
+        deadline."""
+        busy = [w for w in self.workers if w.task is not None]
+        deadlines = [w.t0 + self.timeouts[w.task.trial_id] for w in busy if w.task.trial_id in self.timeouts]
+        left = max(0.0, min(deadlines) - time.perf_counter()) if deadlines else None
+        return set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=left))
+
+    def collect(self, i: int, ready: set, now: float, done: Finished) -> None:
+        """What busy worker i has to say: its trial's row, nothing yet, a timeout, or its death (the trial is then
+        retried on a fresh worker, up to ATTEMPTS times)."""
+        w = self.workers[i]
+        limit = self.timeouts.get(w.task.trial_id)
+        if w.conn not in ready and w.proc.sentinel not in ready:
+            if limit is not None and now - w.t0 >= limit:  # hung (or just too slow): not retried
+                done.append((w.task, timed_out_row(w.task, limit, now - w.t0)))
+                w.stop()
+                self.workers[i] = _Worker(self.ctx, self.env)
+            return
+        row = None
+        try:
+            if w.conn.poll():
+                row = w.conn.recv()
+        except (EOFError, OSError):
+            pass
+        if row is not None:
+            done.append((w.task, row))
+            w.task = None
+            return
+        # No result, and the pipe or the process says it is gone: the worker died under this trial.
+        w.proc.join(5)
+        cfg, seconds = w.task, time.perf_counter() - w.t0
+        w.stop()
+        n = self.attempts[cfg.trial_id] = self.attempts.get(cfg.trial_id, 0) + 1
+        if n < ATTEMPTS:
+            self.queue.appendleft(cfg)  # first in line again, on a fresh worker
+        else:
+            done.append((cfg, died_row(cfg, _exit_text(w.proc.exitcode), n, seconds)))
+        self.workers[i] = _Worker(self.ctx, self.env)
+
+
 def run_pool(
     todo: list[TrialConfig], env: TrialEnv, workers: int, record: Record, timeouts: dict[str, float] | None = None
 ) -> None:
     """Run the trials on `workers` processes in the order given; `record` gets the results as they arrive (those
     that arrive together in one call, so that they are stored in one transaction). timeouts: trial_id -> seconds
     after which the trial's worker is killed and the trial stored as timed out (none when absent)."""
-    timeouts = timeouts or {}
-    ctx = _context()
-    queue = deque(todo)
-    attempts: dict[str, int] = {}
-    pool = [_Worker(ctx, env) for _ in range(min(workers, len(todo)))]
-
-    def hand_out() -> None:
-        for i, w in enumerate(pool):
-            while w.task is None and queue:
-                cfg = queue.popleft()
-                if not w.give(cfg):  # died while idle: nothing was running on it
-                    queue.appendleft(cfg)
-                    w.stop()
-                    pool[i] = w = _Worker(ctx, env)
-
+    pool = _Pool(todo, env, workers, timeouts or {})
     try:
-        hand_out()
-        while any(w.task for w in pool):
-            busy = [w for w in pool if w.task is not None]
-            deadlines = [w.t0 + timeouts[w.task.trial_id] for w in busy if w.task.trial_id in timeouts]
-            left = max(0.0, min(deadlines) - time.perf_counter()) if deadlines else None
-            ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=left))
+        pool.hand_out()
+        while any(w.task for w in pool.workers):
+            ready = pool.wait_ready()
             done: Finished = []
             now = time.perf_counter()
-            for i, w in enumerate(pool):
-                if w.task is None:
-                    continue
-                limit = timeouts.get(w.task.trial_id)
-                if w.conn not in ready and w.proc.sentinel not in ready:
-                    if limit is not None and now - w.t0 >= limit:  # hung (or just too slow): not retried
-                        done.append((w.task, timed_out_row(w.task, limit, now - w.t0)))
-                        w.stop()
-                        pool[i] = _Worker(ctx, env)
-                    continue
-                row = None
-                try:
-                    if w.conn.poll():
-                        row = w.conn.recv()
-                except (EOFError, OSError):
-                    pass
-                if row is not None:
-                    done.append((w.task, row))
-                    w.task = None
-                    continue
-                # No result, and the pipe or the process says it is gone: the worker died under this trial.
-                w.proc.join(5)
-                cfg, seconds = w.task, time.perf_counter() - w.t0
-                w.stop()
-                n = attempts[cfg.trial_id] = attempts.get(cfg.trial_id, 0) + 1
-                if n < ATTEMPTS:
-                    queue.appendleft(cfg)  # first in line again, on a fresh worker
-                else:
-                    done.append((cfg, died_row(cfg, _exit_text(w.proc.exitcode), n, seconds)))
-                pool[i] = _Worker(ctx, env)
-            hand_out()  # the workers go on while the results are written
+            for i, w in enumerate(pool.workers):
+                if w.task is not None:
+                    pool.collect(i, ready, now, done)
+            pool.hand_out()  # the workers go on while the results are written
             record(done)
     finally:
-        for w in pool:
+        for w in pool.workers:
             w.stop()
 
 
