@@ -262,7 +262,8 @@ class DLG(DefenseAware, Attack):
         if self._polish(p.box):
             plain, _, evals, stopped_at, steps = self._batched_run(p, starts, None)
             polished, match, more, _, more_steps = self._batched_run(p, plain, p.box)
-            plain_at = torch.tensor([self._distance_at_flat(p, row, p.box) for row in plain], dtype=torch.float64)
+            plain_at = torch.tensor([self._distance_at_flat(p, row, p.box) for row in plain], dtype=torch.float64,
+                                    device=plain.device)  # fmt: skip
             keep = plain_at <= match  # L-BFGS without line search need not descend: keep the better one per start
             flat = torch.where(keep[:, None], plain, polished)
             match = torch.where(keep, plain_at, match)
@@ -290,8 +291,8 @@ class DLG(DefenseAware, Attack):
         opt = BatchedLBFGS(starts, _batched_closure(p, box, self.labels == "soft"), lr=self.lr, max_iter=self.max_iter,
                            history_size=self.history_size)  # fmt: skip
         threshold = self.stop_below * float(sum(t.double().pow(2).sum() for t in p.target))
-        active = torch.ones(starts.shape[0], dtype=torch.bool)
-        stopped_at = torch.full((starts.shape[0],), -1, dtype=torch.long)
+        active = torch.ones(starts.shape[0], dtype=torch.bool, device=starts.device)
+        stopped_at = torch.full((starts.shape[0],), -1, dtype=torch.long, device=starts.device)
         last, steps = starts.clone(), 0
         for step in range(self.iterations):
             if bool((active & (opt.evaluate(active) <= threshold)).any()):
@@ -305,7 +306,7 @@ class DLG(DefenseAware, Attack):
             last = torch.where(active[:, None], opt.x, last)
             if not bool(active.any()):
                 break
-        final = torch.tensor([self._distance_at_flat(p, row, box) for row in last], dtype=torch.float64)
+        final = torch.tensor([self._distance_at_flat(p, row, box) for row in last], dtype=torch.float64, device=last.device)
         return last, final, opt.evaluations.clone(), stopped_at, steps
 
     def _distance_at_flat(self, p: "_Problem", flat: Tensor, box) -> float:

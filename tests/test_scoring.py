@@ -184,13 +184,13 @@ def test_dlg_returns_its_best_restart(monkeypatch):
 
     monkeypatch.setattr(dlg_module.DLG, "_one_start", spy)
     case = CaseConfig(dataset="skimage", model="lenet", resolution=16, model_mode="eval")
-    s = execute(TrialConfig("t", "dlg", {"iterations": 3, "max_iter": 4, "restarts": 4, "stop_below": 0.0, "labels": "idlg"},
-                            "none", {}, case, 0))  # fmt: skip
+    params = {"iterations": 3, "max_iter": 4, "restarts": 4, "stop_below": 0.0, "labels": "idlg", "batch_restarts": "loop"}
+    s = execute(TrialConfig("t", "dlg", params, "none", {}, case, 0))  # the loop (batched: tests/test_batched_restarts.py)
     assert len(seen) == 4 and s["extra"]["restarts_run"] == 4
     assert s["extra"]["match_loss"] == min(seen) and s["extra"]["restart"] == seen.index(min(seen))
     assert len(set(seen)) == 4  # the starts differ (fresh dummies each)
     cost = gleak.registry.plugin_info("attack", "dlg").obj.estimated_cost
-    assert cost({"iterations": 300}, case) == 300 * 20 * 16  # L-BFGS: up to max_iter evaluations a step
+    assert cost({"iterations": 300, "batch_restarts": "loop"}, case) == 300 * 20 * 16  # up to max_iter evaluations a step
 
 
 def test_inverting_gradients_says_when_its_budget_is_cut(capsys):
