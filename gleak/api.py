@@ -268,6 +268,10 @@ def run(
     from gleak.suite import Suite, find_suite, load_suite
     from gleak.workers import usable_cores
 
+    if device is not None:  # named as the Python argument, not as the command line's --device
+        from gleak.device import resolve
+
+        device = resolve(device, "gleak.run: device")
     for f in plugins:
         load_plugin_file(f)
     s = suite if isinstance(suite, Suite) else load_suite(find_suite(None if suite is None else str(suite)))

@@ -385,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "cuda or cuda:N (default: the suite's [suite] device, else cpu); not part of the trial ids, "
                    "recorded per trial (extra.device)")  # fmt: skip
     r.add_argument("--verbose", action="store_true", help="each trial prints its attack's iterations to stderr "
-                   "(trial, iteration/total, loss), every tenth of the iterations")  # fmt: skip
+                   "(trial, iteration/total, loss): the first, every tenth and at least every 10 s")  # fmt: skip
     r.add_argument("--force", action="store_true", help="write into a non-empty folder that is not gleak's (gleak "
                    "adds its files beside the others and never touches them)")  # fmt: skip
     r.set_defaults(func=cmd_run)

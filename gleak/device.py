@@ -47,7 +47,9 @@ def resolve(spec: str | None, where: str = "--device") -> str:
     if spec == "cpu":
         return "cpu"
     if not torch.cuda.is_available():
-        raise InputError(f"{where}: {spec} asked for, but torch sees no CUDA device here (use --device cpu or auto)")
+        # The way out in the caller's own terms: a flag on the command line, an argument in Python.
+        fix = "--device cpu or auto" if where.startswith("--") else "device='cpu' or device='auto'"
+        raise InputError(f"{where}: {spec} asked for, but torch sees no CUDA device here (use {fix})")
     index = int(spec.split(":")[1]) if ":" in spec else 0
     count = torch.cuda.device_count()
     if index >= count:

@@ -74,8 +74,14 @@ def test_run_trial_cpu_and_auto_same_id_same_metrics_device_recorded(monkeypatch
     auto = gleak.run_trial(attack={"name": "dlg", "iterations": 3, "max_iter": 2}, device="auto", **case)
     assert cpu.trial_id == auto.trial_id
     assert cpu.metrics == auto.metrics and cpu.extra["device"] == auto.extra["device"] == "cpu"
-    with pytest.raises(InputError, match="no CUDA device"):
+    with pytest.raises(InputError, match="no CUDA device") as e:
         gleak.run_trial(attack="closed-form", device="cuda", **case)
+    # From Python the message names the Python argument and its fix, never the command line's flag.
+    assert str(e.value).startswith("gleak.run_trial: device:") and "device='cpu'" in str(e.value)
+    assert "--device" not in str(e.value)
+    with pytest.raises(InputError) as e:
+        gleak.run("quick", out="/nonexistent/never-written", device="cuda")
+    assert str(e.value).startswith("gleak.run: device:") and "--" not in str(e.value)
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="refusing cuda is for machines without one")

@@ -68,8 +68,8 @@ def test_line_printer_every_tenth_and_the_last(capsys):
         sink(s, 25, torch.tensor(float(s)))
     sink(3, 3, torch.tensor([0.5, 0.25]))  # a loss per restart: the best one
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "gleak: trial abc dlg: iteration 2/25, loss 2"
-    assert [int(re.search(r"iteration (\d+)/", ln).group(1)) for ln in lines[:-1]] == [*range(2, 25, 2), 25]
+    assert lines[0] == "gleak: trial abc dlg: iteration 1/25, loss 1"  # the first, at once
+    assert [int(re.search(r"iteration (\d+)/", ln).group(1)) for ln in lines[:-1]] == [1, *range(2, 25, 2), 25]
     assert lines[-1] == "gleak: trial abc dlg: iteration 3/3, loss 0.25"
 
 
@@ -84,7 +84,7 @@ def test_gleak_run_verbose_shows_a_dlg_trial_iterations_from_its_worker(tmp_path
 
     tid = load_suite(suite).trials[0].trial_id[:12]
     shown = re.findall(rf"^gleak: trial {tid} dlg seed 0: iteration (\d+)/20, loss \S+$", r.stderr, re.M)
-    assert shown == [str(i) for i in range(2, 21, 2)], r.stderr
+    assert shown == ["1", *(str(i) for i in range(2, 21, 2))], r.stderr
 
 
 def test_gleak_run_without_verbose_shows_no_iterations(tmp_path, capfd):
@@ -95,3 +95,45 @@ def test_gleak_run_without_verbose_shows_no_iterations(tmp_path, capfd):
     assert main(["run", str(suite), "--no-progress", "--in-process", "--out", str(tmp_path / "q")]) == 0
     err = capfd.readouterr().err
     assert "gleak: suite 'prog'" in err and "iteration" not in err
+
+
+def test_line_printer_writes_at_least_every_few_seconds(capsys, monkeypatch):
+    """Between two tenths of a long loop, a line whenever every_seconds have passed since the last one."""
+    clock = iter(range(0, 10_000, 4))  # each iteration takes 4 s
+    monkeypatch.setattr("gleak.progress.time.monotonic", lambda: float(next(clock)))
+    sink = line_printer("t", every_seconds=10.0)
+    for s in range(1, 8):
+        sink(s, 24_000, None)
+    steps = [int(re.search(r"iteration (\d+)/", ln).group(1)) for ln in capsys.readouterr().err.splitlines()]
+    assert steps == [1, 4, 7]  # at 0 s, then 12 s and 24 s
+
+
+class _FirstLine(Exception):
+    pass
+
+
+def test_a_long_inverting_gradients_trial_prints_its_first_line_within_seconds(monkeypatch):
+    """The sink `gleak run --verbose` gives a trial (gleak.workers.progress_sink), on inverting gradients' paper
+    preset (24,000 iterations: on a real model a tenth of them takes minutes): its first line is iteration 1, within
+    30 s (a generous bound for the 5 s aim) of the trial's start. The test stops the trial at that line."""
+    import time
+
+    from gleak.trial import run_trial
+    from gleak.workers import TrialEnv, progress_sink
+
+    cfg = trial_config({"name": "inverting-gradients", "preset": "paper"}, "none", **CASE)
+
+    class Stderr:
+        def write(self, text):
+            if "iteration" in text:
+                raise _FirstLine(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr("sys.stderr", Stderr())
+    t0 = time.perf_counter()
+    row = run_trial(cfg, progress=progress_sink(cfg, TrialEnv(verbose=True)))
+    elapsed = time.perf_counter() - t0
+    assert row["status"] == "failed" and "_FirstLine" in row["error"] and "iteration 1/24000" in row["error"], row["error"]
+    assert elapsed < 30, elapsed
