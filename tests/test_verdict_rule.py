@@ -33,6 +33,8 @@ def test_trial_verdict_reads_the_half_batch_mse_the_blind_guess_and_completeness
     assert trial_verdict(None, None, 0.05, 0, 1, "margin") is None
     assert verdict(0.05, blind_mse=1.0) == "partial"  # 13 dB over the blind guess, but not under MSE 0.03
     assert verdict(0.029, blind_mse=1.0) == "recovered"
+    assert [verdict(m, rule="seed002") for m in (0.029, 0.031, 0.15, 0.199, 0.2)] == \
+        ["recovered", "partial", "partial", "partial", "defended"]  # the bands of DLG Fig. 6  # fmt: skip
 
 
 def _cfg():
