@@ -31,6 +31,10 @@ def test_trial_verdict_reads_the_half_batch_mse_the_blind_guess_and_completeness
     assert trial_verdict(0.015, 0.015, 0.05, 1, 1, "margin") == "partial"  # 5.2 dB over the blind guess
     assert trial_verdict(0.015, 0.015, 0.05, 1, 1, "seed002") == "recovered"
     assert trial_verdict(None, None, 0.05, 0, 1, "margin") is None
+    assert verdict(0.05, blind_mse=1.0) == "partial"  # 13 dB over the blind guess, but not under MSE 0.03
+    assert verdict(0.029, blind_mse=1.0) == "recovered"
+    assert [verdict(m, rule="seed002") for m in (0.029, 0.031, 0.15, 0.199, 0.2)] == \
+        ["recovered", "partial", "partial", "partial", "defended"]  # the bands of DLG Fig. 6  # fmt: skip
 
 
 def _cfg():
@@ -127,5 +131,5 @@ def test_every_published_verdict_is_the_one_verdict_function_of_its_row(folder):
     assert len(dr) == len(lb)
     for c in ("rank", "defense", "defense_params", "worst_attack", "verdict", "recovered"):
         assert [str(x) if not pd.isna(x) else "" for x in dr[c]] == [str(x) if not pd.isna(x) else "" for x in lb[c]], c
-    for c in ("psnr", "mse_median"):
+    for c in ("psnr", "mse_median", "psnr_mean", "psnr_std", "psnr_lo", "psnr_hi", "ssim", "blind_psnr"):
         assert pd.to_numeric(dr[c]).round(9).equals(pd.to_numeric(lb[c]).round(9)), c
