@@ -75,8 +75,12 @@ def baseline_torch_state() -> Iterator[None]:
 def _set_state(dtype: torch.dtype, grad: bool, deterministic: bool, warn_only: bool, anomaly: bool) -> None:
     torch.set_default_dtype(dtype)
     torch.set_grad_enabled(grad)
-    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
-    torch.autograd.set_detect_anomaly(anomaly)
+    # Only when it differs: use_deterministic_algorithms imports torch._inductor (2.5 s) on its first call.
+    if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) != (
+            deterministic, warn_only):  # fmt: skip
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    if torch.is_anomaly_enabled() != anomaly:
+        torch.autograd.set_detect_anomaly(anomaly)
 
 
 class ExitCalled(SystemExit):
