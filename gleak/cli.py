@@ -132,7 +132,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from gleak import folder as owned
     from gleak.report import write_figures
 
-    owned.claim_results(args.dir).save()
+    from gleak.store import check_store
+
+    owned.claim_results(args.dir, check_store).save()
     figures = write_figures(args.dir)
     owned.record(args.dir, [Path(args.dir) / rel for rel, _ in figures])
     for rel, _ in figures:
@@ -147,8 +149,9 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
     if args.claims:
         from gleak.folder import claim_results
+        from gleak.store import check_store
 
-        claim_results(args.dir)  # gleak's folder with readable results, before anything in it changes
+        claim_results(args.dir, check_store)  # gleak's folder with readable results, before anything in it changes
         _take_claims(Path(args.dir), args.claims)
     paths = write_reports(args.dir)
     for p in paths.values():
@@ -172,13 +175,14 @@ def _take_claims(folder: Path, suite_file: str) -> None:
 def cmd_rescore(args: argparse.Namespace) -> int:
     from gleak.folder import claim_results
     from gleak.report import write_folder_reports as write_reports
+    from gleak.store import check_store
     from gleak.reconstructions import parse_metrics, rescore
 
     if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
         raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
     _check_lpips_env()
     metrics = parse_metrics(args.metrics)
-    claim_results(args.dir)  # as `gleak leaderboard`: gleak's folder, no user's file where a report goes
+    claim_results(args.dir, check_store)  # as `gleak leaderboard`: gleak's folder, no user's file where a report goes
     n = rescore(args.dir, metrics, args.lpips_backbone)
     print(f"gleak: rescored {', '.join(metrics)} of {n} trials from their stored reconstructions", file=sys.stderr)
     for p in write_reports(args.dir).values():

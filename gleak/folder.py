@@ -294,12 +294,11 @@ def record(folder: str | Path, written: Iterable[str | Path]) -> None:
     m.save()
 
 
-def claim_results(folder: str | Path) -> Manifest:
+def claim_results(folder: str | Path, check_store) -> Manifest:
     """The manifest of a folder that holds results gleak can read (its store, or a published folder's results.csv
     and suite.json, each checked: gleak.stored) and whose report paths hold no user's file; InputError otherwise,
     having changed nothing. What `leaderboard`, `plot` and `rescore` check before they write."""
-    from gleak.store import check_store
-    from gleak.stored import check_committed
+    from gleak.stored import check_committed  # (check_store is passed in: the store module imports this one)
 
     folder = Path(folder)
     if not folder.is_dir():

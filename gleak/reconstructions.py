@@ -69,13 +69,13 @@ def unpack(blob: bytes, trial_id: str = "") -> dict[str, Tensor | None]:
 
 def _arrays_problem(a: dict[str, np.ndarray]) -> str | None:
     missing = [k for k in ("truth", "truth_y", "rec", "blind") if k not in a]
-    if missing or set(a) - {"truth", "truth_y", "rec", "blind", "rec_y"}:
+    if missing or set(a) - {"truth", "truth_y", "rec", "blind", "rec_y", "original"}:
         return f"not gleak's arrays (keys {', '.join(sorted(a))})"
-    for k in ("truth", "rec", "blind"):
+    for k in ("truth", "rec", "blind", *(("original",) if "original" in a else ())):
         if a[k].dtype.kind != "f" or a[k].ndim != 4 or not np.isfinite(a[k]).all():
             return f"array {k} is not a finite (n, C, H, W) floating array"
     shape = a["truth"].shape[1:]
-    if a["rec"].shape[1:] != shape or a["blind"].shape != (1, *shape):
+    if a["rec"].shape[1:] != shape or a["blind"].shape != (1, *shape) or a.get("original", a["truth"]).shape != a["truth"].shape:
         return f"arrays of shapes {a['truth'].shape}, {a['rec'].shape}, {a['blind'].shape} do not match"
     for k in ("truth_y", "rec_y"):
         y = a.get(k)

@@ -30,7 +30,7 @@ from gleak.documents.markdown import md_escape, md_table, render_markdown  # noq
 from gleak.errors import InputError
 from gleak.files import atomic_write_bytes
 from gleak.folder import FIGURE_PREFIXES
-from gleak.store import CSV_COLUMNS, Store
+from gleak.store import CSV_COLUMNS, Store, check_store
 from gleak.utility import utility_config, utility_frame
 
 META_JSON = "suite.json"
@@ -278,7 +278,7 @@ def write_folder_reports(folder: str | Path, suite: str | None = None, descripti
     from gleak import folder as owned
 
     folder = Path(folder)
-    m = owned.claim_results(folder)  # results gleak can read, gleak's folder, no user file where a report goes
+    m = owned.claim_results(folder, check_store)  # results gleak can read, gleak's folder, no user file where a report goes
     m.add(owned.REPORT_FILES)
     m.save()
     paths = write_reports(folder, suite, description)
