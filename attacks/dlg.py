@@ -370,9 +370,10 @@ class DLG(DefenseAware, Attack):
 
     @classmethod
     def identity_params(cls, params: dict) -> dict:
-        """As DefenseAware's, and batch_restarts only where it is not "auto" (added later: trial ids stay as they
-        were)."""
+        """As DefenseAware's, and batch_restarts only where several restarts run (one start computes the same either
+        way, so those trial ids stay as they were; batched restarts compute other numbers than the loop did, so
+        their trials have new ids)."""
         out = super().identity_params(params)
-        if out.get("batch_restarts") == "auto":
+        if out.get("batch_restarts") == "auto" and int(out.get("restarts", 1)) == 1:
             out.pop("batch_restarts")
         return out

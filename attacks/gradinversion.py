@@ -127,8 +127,9 @@ class GradInversion(Attack):
     for the output), iterations.
     """
 
-    # Parameters added after the attack's first release, left out of trial ids at these values.
-    LATER_DEFAULTS = {"first_bn": 10.0, "batch_restarts": "auto"}
+    # Parameters added after the attack's first release, left out of trial ids at these values where they compute
+    # what the first release did: batch_restarts with one agent. first_bn changes what is computed: always stored.
+    LATER_DEFAULTS = {"batch_restarts": "auto"}
 
     needs = frozenset({"architecture", "parameters", "batch_size", "data_stats"})
     conformance_params = {"iterations": 4, "restarts": 2, "warmup": 1}
@@ -177,8 +178,10 @@ class GradInversion(Attack):
 
     @classmethod
     def identity_params(cls, params: dict) -> dict:
-        """The stored parameters: those of LATER_DEFAULTS only where they differ from them (earlier trial ids stay)."""
-        return {k: v for k, v in params.items() if not (k in cls.LATER_DEFAULTS and v == cls.LATER_DEFAULTS[k])}
+        """The stored parameters: those of LATER_DEFAULTS only where they differ from them or several agents run
+        (one agent computes the same either way; several batched agents compute other numbers than the loop)."""
+        one = int(params.get("restarts", 1)) == 1
+        return {k: v for k, v in params.items() if not (one and k in cls.LATER_DEFAULTS and v == cls.LATER_DEFAULTS[k])}
 
     @classmethod
     def estimated_cost(cls, params: dict, case) -> float:

@@ -181,14 +181,19 @@ def test_batched_dlg_stops_at_the_first_step_that_begins_with_a_match():
         assert full.reconstruct(obs, torch.Generator().manual_seed(seed)).extra["steps_run"] == 40
 
 
-def test_batch_restarts_stays_out_of_trial_ids_at_auto():
+def test_batch_restarts_enters_trial_ids_only_where_it_changes_what_is_computed():
+    """One start computes the same batched or not: its id stays. Several batched starts (and GradInversion's
+    first-BN weight) compute other numbers than the loop did: they are stored, so those trials have new ids and a
+    stored row is never read as the new computation's result."""
     from gleak.registry import _registry
 
     check = _registry("attack").check_params
-    assert "batch_restarts" not in check("dlg", {"restarts": 16})
+    assert "batch_restarts" not in check("dlg", {"restarts": 1})
+    assert check("dlg", {"restarts": 16})["batch_restarts"] == "auto"
     assert check("dlg", {"batch_restarts": "loop"})["batch_restarts"] == "loop"
-    assert "first_bn" not in check("gradinversion", {}) and "batch_restarts" not in check("gradinversion", {})
-    assert check("gradinversion", {"first_bn": 1.0})["first_bn"] == 1.0
+    assert "batch_restarts" not in check("gradinversion", {"restarts": 1})
+    assert check("gradinversion", {"restarts": 4})["batch_restarts"] == "auto"
+    assert check("gradinversion", {})["first_bn"] == 10.0 and check("gradinversion", {"first_bn": 1.0})["first_bn"] == 1.0
 
 
 # ---- GradInversion -------------------------------------------------------------------------------------------------
