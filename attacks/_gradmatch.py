@@ -194,7 +194,7 @@ def row_gradients(model: nn.Module, names: list[str], params: list[nn.Parameter]
     return gradients
 
 
-# --- Defense-aware matching (option defense_aware of dlg and inverting-gradients; issue 13) -------------------------
+# --- Defense-aware matching (option defense_aware of dlg and inverting-gradients) -------------------------
 # Kerckhoffs: the attacker knows which defense shaped the update and its public parameters (knowledge
 # "knows_defense"). For the defenses below the wire then says more than "the gradient is t": it names, entry by
 # entry, an interval [lo, hi] that the client's true gradient lies in, and the attack matches the candidate gradient
@@ -238,7 +238,7 @@ def wire_box(
 
     - topk: an entry sent is the gradient itself (lo = hi = t). A zero is a pruned entry, whose magnitude is at most
       the smallest one sent (over the whole update for scope "global", within its tensor for "layer"): [-tau, tau].
-    - dgp (seed 001 Algorithm 1): sent entries exact; a zero was dropped either from the top k1 or from the bottom k2
+    - dgp (Xue et al. (AAAI 2024) Algorithm 1): sent entries exact; a zero was dropped either from the top k1 or from the bottom k2
       of its layer, which is not a box: left free (masked matching). With error feedback (Algorithm 2) the sent
       entries are g + e with the client's residual e, unknown to the attacker; that residual is zero in the first
       round (so exact in cases without warm-up rounds) and corrupts the sent entries after warm-up rounds, which this

@@ -1,4 +1,4 @@
-"""Closed-form inversion of a linear layer with bias (Phong et al. 2017; seed 002; breaching's `analytic`).
+"""Closed-form inversion of a linear layer with bias (Phong et al. 2017; the closed-form notes; breaching's `analytic`).
 
 For z = W x + b, dL/dW = (dL/dz) x^T and dL/db = dL/dz, so every row i with dL/db_i != 0 gives x = dW[i] / db[i].
 At batch size 1 this is exact to machine precision. At batch size B each row is exact for the (dL/dz_i)-weighted
@@ -10,7 +10,7 @@ mixture of the batch. Two ways to pick B reconstructions from the rows:
   groups win (the observation behind Fowl et al.'s imprint attack, applied to the units the model already has).
   How close "agree" is adapts to the observed gradient: quantization (fp16, bf16, int8) and small noise perturb
   every row's inversion by an amount set by the defense, not the attacker, so a fixed tolerance mistakes them for
-  a defense at batch sizes above 1 (seed 002's error, repeated). gleak's agreement (its own choices, each named):
+  a defense at batch sizes above 1 (the closed-form notes' error, repeated). gleak's agreement (its own choices, each named):
   (1) the rows are first projected onto the top-B right singular vectors of dW (dW = delta^T X has rank B, so this
   removes the perturbation outside the inputs' span); (2) for each tolerance of a ladder (1e-6 to 0.3, four a
   decade) rows are grouped around the densest rows, and each group's reconstruction pools its rows,
@@ -21,9 +21,9 @@ mixture of the batch. Two ways to pick B reconstructions from the rows:
 The batch size is the count of samples behind the observed update (Update.num_samples: summed over clients by
 aggregation) where the threat model grants it ("batch_size"), not the victim's own batch size.
 
-Defense-aware variants (`defense_aware = True`, issue 13; the attacker knows the defense's name and parameters,
+Defense-aware variants (`defense_aware = True`; the attacker knows the defense's name and parameters,
 Kerckhoffs, never its random draws), at batch size 1 (one input behind the update), each our own use of the rank-one
-structure dW = db x^T that Phong et al. 2017 and seed 002 invert one row at a time:
+structure dW = db x^T that Phong et al. 2017 and the closed-form notes invert one row at a time:
 - noise (DLG's absolute noise, DP-SGD's Gaussian): every row is a noisy view of the same x, so all rows are pooled
   by least squares weighted by their bias gradients, x = sum_i db_i dW_i / (sum_i db_i^2 - n v), where v is the
   per-entry noise variance the description implies (sigma^2, 2 b^2 for Laplace, (z C)^2 for DP-SGD at batch 1) and
@@ -68,7 +68,7 @@ from gleak.threat import Observation, Reconstruction
 
 @register_attack("closed-form")
 class ClosedForm(DefenseAware, Attack):
-    """Exact input recovery from the first linear layer's gradient: x = dW[i] / db[i] (seed 002).
+    """Exact input recovery from the first linear layer's gradient: x = dW[i] / db[i] (the closed-form notes).
 
     Parameters
     ----------
@@ -148,7 +148,7 @@ class ClosedForm(DefenseAware, Attack):
             rows = torch.cat([negative, rest])[:batch]
         x = dw[rows] / db[rows].unsqueeze(1)
         best = int(rows[0])
-        # row_kept: the share of the attacker's main row that reached it (seed 002 section 6, under pruning).
+        # row_kept: the share of the attacker's main row that reached it (the closed-form notes, section 6, under pruning).
         extra.update(row_kept=float((dw[best] != 0).double().mean()), rows_used=int(len(rows)))
         return Reconstruction(x=x.reshape(len(rows), *k.input_shape), extra=extra)
 

@@ -115,14 +115,14 @@ class Imprint(DefenseAware, Attack):
         "below-data" (default, the reference's ImprintBlock._get_bins: bins[0] = -10 on its unit-variance model, the
         others at the i/k quantiles, i = 1..k-1): q_1 = centre - 10 standard deviations of the fitted distribution,
         so every sample fires bin 1 and none is lost below it; the k intervals hold 1/k of the distribution each.
-        "quantile" (gleak before issue 17): q_i at the i/(k+1) quantiles, i = 1..k; the samples below q_1 fire no bin
+        "quantile" (gleak's earlier default): q_i at the i/(k+1) quantiles, i = 1..k; the samples below q_1 fire no bin
         and are lost: 1/(k+1) of them where the fitted law fits (Gaussian images: 3 of 8 x 32 at 64 bins,
         tests/test_imprint.py), none measured on the skimage (20 batches of 32) and Fashion-MNIST (10) images, whose
         brightness has a lighter lower tail than the fitted Gaussian.
     selection: which intervals become the batch's images when more have a non-zero bias difference than the batch
         has samples (only under noise or other perturbation: clean, at most one per sample is non-zero).
         "weight" (default, the reference's ImprintAttacker.reconstruct rule, "best when faced with differential
-        privacy"): the largest |mean of the weight difference row|. "bias" (gleak before issue 17): the largest
+        privacy"): the largest |mean of the weight difference row|. "bias" (gleak's earlier default): the largest
         |bias difference|. (The reference's comment names a third, the smallest |bias difference|, "optimal for
         clean data with few bins".)
     gain: scales the decoder by gain and the imprint layer by 1/gain. ReLU is positively homogeneous, so which bins
@@ -130,14 +130,14 @@ class Imprint(DefenseAware, Attack):
         of how loud its bins are, and what decides how much noise it survives. Default None: the reference block's
         loudness, decoder entries 1e3 (its gain 1e-3 multiplies the imprint layer and divides the decoder, whose
         entries are 1 / gain), i.e. gain = 1e3 * bins here (64,000 at 64 bins). gain = 1 is the block of gleak before
-        issue 17, 1e3 * bins times quieter: on the skimage MLP at batch 32 and 64 bins its bias gradients measured
+        the earlier default, 1e3 * bins times quieter: on the skimage MLP at batch 32 and 64 bins its bias gradients measured
         1.5e5 to 7e5 times smaller than a block of the reference's form (3 seeds), the rest of that ratio coming from
         the reference's decoder replacing the image by its output (here it is added to the image).
     Suites: dgp-table1 (the only shipped suite with this attack) uses the defaults for lowest_bin and selection and
     sets gain to 1 and 1e6 (the quiet block and one about 15 times louder than the reference's).
     defense_aware: the server knows the client's pruning rule and its parameters (adds "knows_defense" to `needs`;
         Kerckhoffs) and shapes its imprint layer so that every entry that carries an image falls where the rule keeps
-        it (ours; the padding idea is issue 13's). The layer gets extra rows after the k bins: "dead" rows (weight 0,
+        it (ours). The layer gets extra rows after the k bins: "dead" rows (weight 0,
         bias -1, decoder column 0: they never fire, their gradient is exactly zero) and, against DGP, "loud" rows
         (weight 0, bias LOUD_BIAS > 0 so they always fire, decoder entries LOUDER x gain / k: their gradient is the
         batch's mixture of images, a million times louder than any bin's). Neither changes what the body sees

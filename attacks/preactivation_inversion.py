@@ -27,7 +27,7 @@ from gleak.threat import Observation, Reconstruction
 
 @register_attack("preactivation-inversion")
 class PreactivationInversion(Attack):
-    """Solve the vfl reading's pre-activation wire for every sample of the victim's sample block (seed 000, ours).
+    """Solve the vfl reading's pre-activation wire for every sample of the victim's sample block (Confined Gradient Descent's vertical reading; ours).
 
     Parameters
     ----------

@@ -1,7 +1,7 @@
 """Subspace demixing: every sample behind a summed first-layer gradient, from the ReLU zeros, over several rounds.
 
 Our design, built for protocols that reveal only a sum of gradients computed at models the observer does not know
-(CGD's confined models, seed 000; secure aggregation). It needs no model parameters at all.
+(CGD's confined models, Zhang et al.; secure aggregation). It needs no model parameters at all.
 
 For a first layer z = W x + b followed by ReLU, the gradient row of unit i is r_i = sum_s dz_{s,i} [x_s, 1]
 whatever the models: a sum over the n samples behind the update, each computed at its own participant's model.

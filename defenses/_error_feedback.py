@@ -1,4 +1,4 @@
-"""Error feedback (Karimireddy et al. 2019, "Error Feedback Fixes SignSGD"; seed 001 Algorithm 2): a client keeps
+"""Error feedback (Karimireddy et al. 2019, "Error Feedback Fixes SignSGD"; Xue et al. (AAAI 2024) Algorithm 2): a client keeps
 what its compressor dropped and adds it to the next update.
 
     p_t = g_t + e_t,    send C(p_t),    e_{t+1} = p_t - C(p_t)

@@ -1,4 +1,4 @@
-"""Dual Gradient Pruning (seed 001, "Revisiting Gradient Pruning: A Dual Realization for Defending against Gradient
+"""Dual Gradient Pruning (Xue, Hu, Zhao, Zhang, Hu, Sun and Yao, AAAI 2024, "Revisiting Gradient Pruning: A Dual Realization for Defending against Gradient
 Attacks", Algorithms 1 and 2)."""
 from __future__ import annotations
 
@@ -31,18 +31,18 @@ def dgp_keep_mask(a: Tensor, k1: float, k2: float) -> Tensor:
 
 @register_defense("dgp")
 class DGP(Defense):
-    """Dual gradient pruning: per layer, drop the largest k1 and the smallest k2 fractions of |grad| (seed 001).
+    """Dual gradient pruning: per layer, drop the largest k1 and the smallest k2 fractions of |grad| (Xue et al., AAAI 2024).
 
     Algorithm 1 (per layer, every parameter tensor is a layer): sort |g| in descending order, remove the top-k1 set
     T_k1 and the bottom-k2 set B_k2, send the rest. Removing the largest entries pushes the sent gradient far from the
-    true one (seed 001 Fig. 1: reconstruction error grows with ||g - g~|| / ||g||, which Top-k keeps small by
+    true one (Xue et al. (AAAI 2024) Fig. 1: reconstruction error grows with ||g - g~|| / ||g||, which Top-k keeps small by
     construction); removing the smallest gives a high pruning ratio, which breaks the gradient structure an active
     attacker relies on (Robbing the Fed's imprint bins).
     Algorithm 2 (error feedback, Karimireddy et al. 2019): p_t = g_t + e_t, send DGP(p_t), e_{t+1} = p_t - DGP(p_t);
     the residual is kept per client across rounds (reset between trials). It only differs from plain DGP in cases
     with warm-up rounds (case key `warmup_rounds`).
     What error feedback does with the dropped top entries: they go back into the residual with the bottom ones
-    (everything not sent is fed back). Sources (issue 17): (1) seed 001, the only text of the paper here (its
+    (everything not sent is fed back). Sources: (1) the paper's text (its
     Algorithm 2 is not in it, and the searchable copies of the AAAI 2024 paper / arXiv 2401.16687 are abstract pages
     only): its convergence section equates the gap between DGP and plain collaborative SGD with the residual,
     ||sum_t (grad W_t - g_t)||^2 = ||e_T||^2, which holds only if e keeps all that was not sent, top entries
@@ -68,8 +68,8 @@ class DGP(Defense):
 
     Parameters
     ----------
-    k1: fraction of each layer's entries dropped from the top (largest |g|). Default 0.05 (seed 001).
-    k2: fraction dropped from the bottom (smallest |g|). Default 0.75 (seed 001), so 80% of every layer is pruned.
+    k1: fraction of each layer's entries dropped from the top (largest |g|). Default 0.05 (Xue et al., AAAI 2024).
+    k2: fraction dropped from the bottom (smallest |g|). Default 0.75 (Xue et al., AAAI 2024), so 80% of every layer is pruned.
         p = k1 / k2 is the paper's privacy/accuracy knob.
     error_feedback: Algorithm 2 (default True, as the paper). False is plain Algorithm 1 in every round.
     Counts: exactly round(k1 n) + round(k2 n) entries of an n-entry layer are dropped, ties broken by position; where

@@ -93,7 +93,7 @@ class Noise(Defense):
     accountant: opacus accountant, "rdp" (default, as opacus' PrivacyEngine) or "prv".
 
     DLG reports sigma >= 1e-2 "defends" against its attack at 45.3% (Gaussian) / 46.2% (Laplacian) CIFAR-100
-    accuracy; seed 002's closed form still recovers at sigma = 1e-1 (MSE 1.27e-2).
+    accuracy; the closed-form notes' closed form still recovers at sigma = 1e-1 (MSE 1.27e-2).
     Known deviation in mode "dp": batches are drawn uniformly without replacement at a fixed size B (as opacus with
     poisson_sampling=False), while the accountant assumes Poisson sampling at rate B / n; the noisy sum is divided
     by B. Absolute mode defines no epsilon (the update's sensitivity is unbounded).

@@ -1,4 +1,4 @@
-"""Quantization of the update before it is sent (DLG section 5.1 and Table 3; seed 002 section 5)."""
+"""Quantization of the update before it is sent (DLG section 5.1 and Table 3; the closed-form notes, section 5)."""
 from __future__ import annotations
 
 from typing import Literal
@@ -54,7 +54,7 @@ class Quantization(Defense):
     stochastic: stochastic rounding (int and bf16 only) instead of round-to-nearest.
     per_channel: int only: one scale per output channel (dim 0) instead of per tensor.
     The server receives the dequantized values in the update's own dtype. DLG (Table 3) reports int8 "defends" its
-    L-BFGS attack on CIFAR-100 at 53.7% accuracy; seed 002's closed form still recovers at MSE 4.9e-6.
+    L-BFGS attack on CIFAR-100 at 53.7% accuracy; the closed-form notes' closed form still recovers at MSE 4.9e-6.
     """
 
     def __init__(

@@ -31,7 +31,7 @@ class TopK(Defense):
     Parameters
     ----------
     ratio: fraction of entries set to zero (0.9 keeps the largest 10%). Default 0.9.
-    scope: "global" (default: one threshold over the whole update, as seed 002's sweep and DLG section 5.2) or
+    scope: "global" (default: one threshold over the whole update, as the closed-form notes' sweep and DLG section 5.2) or
         "layer" (the ratio within each parameter tensor, as DGC).
     error_feedback: keep the pruned residual and add it to the next round's update before pruning (DGC's local
         gradient accumulation; Karimireddy et al. 2019). Default False. Matters only in cases with warm-up rounds.

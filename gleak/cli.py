@@ -268,9 +268,9 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
     return EXIT_OK if not failed else EXIT_FAILED_TRIALS
 
 
-# -- show / compare (the researcher's workflow, issue 14) --------------------------------------------------------
+# -- show / compare (the researcher's workflow) --------------------------------------------------------
 def _plugin_for_show(kind: str, name: str):
-    """(kind the plugin was found under, its PluginInfo). Until Protocol plugins exist (issue 12) a protocol is a
+    """(kind the plugin was found under, its PluginInfo). Until Protocol plugins exist a protocol is a
     defense (secure-aggregation, cgd): `show protocol NAME` then looks among the defenses."""
     from gleak import registry
 

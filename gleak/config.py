@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 # Bump when a change to gleak alters what an existing config computes, so that stored results are not reused.
 TRIAL_FORMAT = 1
 
-# Renamed keys, old spelling -> current name (issue 12: "rounds" meant three things). Suites and the API accept the old
+# Renamed keys, old spelling -> current name ("rounds" meant three things). Suites and the API accept the old
 # spelling (both at once is an error); stored configs, trial ids and utility ids keep the old one, so that stored
 # results stay valid and no published file changes. The three kinds of rounds: a case's warm-up rounds
 # (CaseConfig.warmup_rounds), a protocol's observed rounds (Protocol.observed_rounds()), a utility run's training
@@ -271,7 +271,7 @@ class UtilityConfig:
     algorithm: Literal["fedsgd", "fedavg"] = "fedsgd"
     clients: int = 10  # all take part in every round; the train split is dealt into this many IID shards
     training_rounds: int = 200  # stored as "rounds"
-    # Step sizes, one name per meaning (issue 12; None: DEFAULT_LR). server_lr: the step on the aggregated gradient
+    # Step sizes, one name per meaning (None: DEFAULT_LR). server_lr: the step on the aggregated gradient
     # (FedSGD: the server's step on the mean gradient; CGD: alpha, each participant's step on the secure sum).
     # client_lr: FedAvg's local SGD step (its server applies the mean delta at step 1). The first spelling `lr`
     # meant whichever of the two the algorithm uses: accepted (utility_lr_names), and stored configs (hence utility

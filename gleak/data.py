@@ -14,7 +14,7 @@ entry-point group ``gleak.datasets``):
   folder:PATH    an image folder (torchvision's ImageFolder): one sub-folder per class, searched recursively; with
                  PATH/train/ and PATH/test/ (the usual CIFAR-as-PNG layout) those are the splits, else every fifth
                  image is the test split. Images keep their own size unless the case sets `resolution`.
-  uniform        synthetic pixels U[0, 1] with uniform random labels (seed 002's closed-form setting); not real data.
+  uniform        synthetic pixels U[0, 1] with uniform random labels (the closed-form notes' closed-form setting); not real data.
 
 Images are float tensors in [0, 1], shape (N, C, H, W). `resolution` resizes to resolution x resolution
 (antialiased; a folder's images are centre-cropped to a square first), `channels` converts grey <-> RGB. Each split
@@ -359,7 +359,7 @@ def _load_folder(req: DataRequest) -> Loaded:
     return torch.stack(xs), torch.tensor(ys, dtype=torch.long), classes, mask
 
 
-@register_dataset("uniform", "synthetic U[0,1] pixels and random labels (seed 002's setting; not real data)")
+@register_dataset("uniform", "synthetic U[0,1] pixels and random labels (the closed-form notes' setting; not real data)")
 def _load_uniform(req: DataRequest) -> Loaded:
     g = torch.Generator().manual_seed(0 if req.split == "train" else 1)
     n = 2000
@@ -417,7 +417,7 @@ def _train_stats(name: str, root: str | None, download: bool, resolution: int | 
     xt, _, _ = _raw(name, root, "train", download, resolution, channels)
     mean = xt.mean(dim=(0, 2, 3))
     std = xt.std(dim=(0, 2, 3)).clamp_min(1e-3)
-    if name == "uniform":  # seed 002 works on raw pixels: no normalisation
+    if name == "uniform":  # the closed-form notes work on raw pixels: no normalisation
         mean, std = torch.zeros_like(mean), torch.ones_like(std)
     return mean, std
 

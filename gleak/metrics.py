@@ -13,10 +13,10 @@ Scoring rules (the leaderboard states them):
   (extra: blind_mse, blind_psnr, blind_ssim) so that a verdict can say whether the attack beat it.
 - PSNR per image is capped at PSNR_CEILING (an exact recovery gives inf or float round-off of 150-300 dB), so
   that means are finite; aggregates rank by the median.
-- Verdict, rule "margin" (default): recovered needs the MSE band of seed 002 (MSE < 0.03) AND a margin of at least
+- Verdict, rule "margin" (default): recovered needs the MSE band of the closed-form notes (MSE < 0.03) AND a margin of at least
   RECOVERED_MARGIN_DB over the blind guess AND a reconstruction for every image of the batch; partial needs
   MSE < 0.2 and at least PARTIAL_MARGIN_DB over the blind guess; else defended. Rule "seed002": the MSE bands
-  alone (DLG Fig. 6 as used in seed 002), kept so that suites reproducing seed 002 are judged by its rule.
+  alone (DLG Fig. 6 as used in the closed-form notes), kept so that suites reproducing the closed-form notes are judged by their rule.
 - One verdict per trial: `trial_verdict`. The trial computes it under its suite's rule and stores the rule beside it
   (extra verdict_rule); `gleak rescore` and the leaderboard call the same function, so a stored verdict reads the
   same before and after a rescore.
@@ -45,7 +45,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-# Verdict bands of DLG Fig. 6 as used in seed 002: MSE below 0.03 recovered, below 0.2 partial, else defended.
+# Verdict bands of DLG Fig. 6 as used in the closed-form notes: MSE below 0.03 recovered, below 0.2 partial, else defended.
 RECOVERED_MSE = 0.03
 PARTIAL_MSE = 0.2
 # A reconstruction at PSNR above 40 dB counts as exact (Robbing the Fed reports the share of a batch recovered so).
@@ -114,7 +114,7 @@ def label_accuracy(y_true: Tensor, y_pred: Tensor | None) -> float | None:
 
 
 def relative_distance(true: Tensor, sent: Tensor) -> float:
-    """||g - g~|| / ||g|| over the flattened update (seed 001, Fig. 1)."""
+    """||g - g~|| / ||g|| over the flattened update (Xue et al., AAAI 2024, Fig. 1)."""
     true, sent = true.double(), sent.double()
     n = float(true.norm())
     return float((true - sent).norm()) / n if n > 0 else 0.0
@@ -198,7 +198,7 @@ def trial_verdict(mse_value: float | None, half_mse: float | None, blind_mse: fl
 def verdict_rule_text(rule: str) -> str:
     """The rule in words, for the leaderboard."""
     if rule == "seed002":
-        return (f"Verdict rule 'seed002' (DLG Fig. 6 bands as used in seed 002): MSE < {RECOVERED_MSE} recovered, "
+        return (f"Verdict rule 'seed002' (DLG Fig. 6 bands as used in the closed-form notes): MSE < {RECOVERED_MSE} recovered, "
                 f"< {PARTIAL_MSE} partial, else defended; a trial missing a reconstruction is at best partial.")  # fmt: skip
     return (f"Verdict rule 'margin', on the MSE that at least half of the batch's images reach (each image scored "
             f"alone, after the optimal pairing): recovered needs it below {RECOVERED_MSE} and at least "
@@ -360,7 +360,7 @@ def original_scores(images: Tensor, labels: Tensor, rec_images: Tensor | None, r
 
 def verdict_mse(mean_mse: float | None, half_mse: float | None, rule: str) -> float | None:
     """The MSE a trial's verdict reads: under "margin" the MSE at least half of the batch's images reach (an image is
-    a person's data: half the batch recovered exactly is a leak); under "seed002" the batch mean, as seed 002."""
+    a person's data: half the batch recovered exactly is a leak); under "seed002" the batch mean, as the closed-form notes do."""
     return half_mse if rule == "margin" and not _missing(half_mse) else mean_mse
 
 

@@ -56,7 +56,7 @@ def linear(
     init: Literal["torch", "normal"] = "torch",
     init_std: float = 0.5,
 ) -> nn.Module:
-    """One linear layer with bias on the flattened input (seed 002's setting; init='normal' draws W, b ~ N(0, init_std))."""
+    """One linear layer with bias on the flattened input (the closed-form notes' setting; init='normal' draws W, b ~ N(0, init_std))."""
     model = nn.Sequential(nn.Flatten(), nn.Linear(_flat_dim(input_shape), num_classes))
     if init == "normal":
         for p in model.parameters():

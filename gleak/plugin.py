@@ -107,7 +107,7 @@ class Attack(Plugin):
 
 
 class DefenseAware:
-    """The `defense_aware` option of an attack (issue 13; one name on every attack that has it): when set, the
+    """The `defense_aware` option of an attack (one name on every attack that has it): when set, the
     instance needs "knows_defense" and reads observation.knowledge.defense. Added after the attacks' first release,
     so a False value stays out of trial ids (`identity_params`) and earlier ids stay valid."""
 

@@ -1,4 +1,4 @@
-"""Additive secret sharing over Z_2^32 with fixed-point encoding: the secure sum of seed 000 (CGD, Appendix A;
+"""Additive secret sharing over Z_2^32 with fixed-point encoding: the secure sum of Confined Gradient Descent (Zhang, Bai, Li, Nepal and Ko; CGD, Appendix A;
 Bogdanov et al. 2008, Sharemind), reusable by any protocol that needs a sum of private vectors.
 
     fp = FixedPoint(frac_bits=24)

@@ -1,4 +1,4 @@
-"""Confined Gradient Descent (seed 000: "Confined Gradient Descent: Privacy-preserving Optimization for Federated
+"""Confined Gradient Descent (Zhang, Bai, Li, Nepal and Ko: "Confined Gradient Descent: Privacy-preserving Optimization for Federated
 Learning"), a Protocol: in attack trials its rounds run through gleak.protocol.run_rounds, in utility runs it trains
 with the vectorised engine (protocols/cgd_training.py), the fast path of the same rounds.
 
@@ -206,7 +206,7 @@ class _ConfinedTraining(Protocol):
 
 @register_protocol("cgd", as_defense=True)
 class CGD(_ConfinedTraining):
-    """Confined Gradient Descent (seed 000): private confined models, summed gradients by secret sharing over Z_2^32.
+    """Confined Gradient Descent (Zhang, Bai, Li, Nepal and Ko): private confined models, summed gradients by secret sharing over Z_2^32.
 
     Parameters
     ----------
@@ -450,7 +450,7 @@ class CGD(_ConfinedTraining):
 
 @register_protocol("local-training", as_defense=True)
 class LocalTraining(_ConfinedTraining):
-    """The paper's local-training baseline (seed 000, section 7.1): each participant trains on its own data alone.
+    """The paper's local-training baseline (section 7.1): each participant trains on its own data alone.
 
     Utility runs only: the same partitions, init law and schedule as cgd (see its parameters; utility_seed too),
     without any sharing, so a participant learns from its own feature block only (there is no vertical reading);

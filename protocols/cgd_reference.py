@@ -1,4 +1,4 @@
-"""Algorithms 1 and 2 of Confined Gradient Descent (seed 000) written out participant by participant: plain loops,
+"""Algorithms 1 and 2 of Confined Gradient Descent (Zhang, Bai, Li, Nepal and Ko) written out participant by participant: plain loops,
 autograd, float64, the secure sum as the share protocol computes it. The vectorised engine (protocols/cgd_training.py)
 is tested equal to it (tests/test_cgd.py)."""
 from __future__ import annotations

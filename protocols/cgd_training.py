@@ -1,4 +1,4 @@
-"""Confined Gradient Descent training, vectorised across participants (seed 000, Algorithms 1 and 2): the engine of
+"""Confined Gradient Descent training, vectorised across participants (Zhang, Bai, Li, Nepal and Ko, Algorithms 1 and 2): the engine of
 the cgd protocol (protocols/cgd.py), its fast path for utility runs.
 
 A fully connected ReLU network (sizes D -> H_1 -> ... -> C, biases included, softmax cross-entropy) is trained by
