@@ -48,7 +48,8 @@ def dp_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: f
     from opacus.accountants import create_accountant
 
     acc = create_accountant(mechanism=accountant)
-    acc.history = [(noise_multiplier, sample_rate, steps)]
+    for _ in range(steps):  # stepped as training steps it (opacus merges equal steps into one history entry)
+        acc.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
     with warnings.catch_warnings():  # opacus' advice to widen its default orders; we report its default bound
         warnings.filterwarnings("ignore", message="Optimal order is the")
         return float(acc.get_epsilon(delta=delta))

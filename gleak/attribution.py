@@ -27,19 +27,25 @@ def measured_partition(clients: int, cols: int = 1) -> str:
     return f"{int(clients)}x{int(cols)}"
 
 
-def _attributed(params: dict[str, Any], clients: int) -> dict[str, Any] | None:
-    """The parameters as measured, or None where they already say what the trial measured."""
-    part = str(params.get("partition", "10x1")).lower().replace(" ", "")
-    cols = part.split("x")[1] if "x" in part else "1"
-    rows = part.split("x")[0]
-    measured_cols = int(cols) if params.get("split_features") else 1
-    if (rows, cols) == (str(clients), str(measured_cols)):
+def _attributed(name: str, params: dict[str, Any], clients: int) -> dict[str, Any] | None:
+    """The parameters as measured, or None where they already say what the trial measured: the protocol's own
+    reading of its partition and colluders (its `attack_cols` and `colluders_at`), never a copy of it here."""
+    from gleak import registry
+    from gleak.errors import UnsupportedCase
+
+    try:
+        proto = registry.create("protocol", name, **params)
+    except Exception:  # noqa: BLE001 - a configuration this gleak cannot build is reported as stored
+        return None
+    cols = proto.attack_cols() if hasattr(proto, "attack_cols") else 1
+    if measured_partition(clients, cols) == str(proto.partition).lower().replace(" ", ""):
         return None  # measured at its own partition: kept as stored, so that its utility row meets it
-    out = {**params, "partition": measured_partition(clients, measured_cols)}
-    if "colluders" in params and params["colluders"] is None:
-        # the protocol's default: m - 2, or with feature blocks every sample block but the victim's
-        m = int(clients) * measured_cols
-        out["colluders"] = max(0, m - 2) if measured_cols == 1 else m - measured_cols
+    out = {**params, "partition": measured_partition(clients, cols)}
+    if "colluders" in params and params["colluders"] is None and hasattr(proto, "colluders_at"):
+        try:
+            out["colluders"] = proto.colluders_at(int(clients))
+        except UnsupportedCase:  # the trial itself was not applicable: its default stays as stored
+            pass
     return out
 
 
@@ -56,11 +62,11 @@ def attribute_measured_configuration(df: pd.DataFrame) -> pd.DataFrame:
         name = str(r["defense"])
         if name in CONFINED_PROTOCOLS:
             params = json.loads(r["defense_params"]) if isinstance(r["defense_params"], str) and r["defense_params"] else {}
-            new = _attributed(params, clients)
+            new = _attributed(name, params, clients)
             if new is not None:
                 df.at[i, "defense_params"] = json.dumps(new, sort_keys=True, default=str)
         elif case.get("protocol") in CONFINED_PROTOCOLS:
-            new = _attributed(dict(case.get("protocol_params") or {}), clients)
+            new = _attributed(case["protocol"], dict(case.get("protocol_params") or {}), clients)
             if new is not None:
                 df.at[i, "case"] = json.dumps({**case, "protocol_params": new}, sort_keys=True, default=str)
     return df

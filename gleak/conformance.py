@@ -147,6 +147,25 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
     return rec, victim, ds, mutated, prepare_mutated
 
 
+def _output_check(rec: Any, victim: Any, ds: Any) -> Check:
+    """The reconstruction's shapes and dtypes: images (n, *input shape) of the data's dtype, finite; labels a 1-D
+    long tensor of class indices."""
+    shape_ok, detail = True, ""
+    if rec.x is None and rec.y is None:
+        shape_ok, detail = False, "returned neither images nor labels"
+    if rec.x is not None:
+        if rec.x.dim() != 4 or tuple(rec.x.shape[1:]) != ds.input_shape or rec.x.shape[0] < 1:
+            shape_ok, detail = False, f"x has shape {tuple(rec.x.shape)}, expected (n, {', '.join(map(str, ds.input_shape))})"
+        elif rec.x.dtype != victim.x.dtype:
+            shape_ok, detail = False, f"x dtype {rec.x.dtype} != data dtype {victim.x.dtype}"
+        elif not torch.isfinite(rec.x).all():
+            shape_ok, detail = False, "x has NaN or infinity"
+    if rec.y is not None:
+        if rec.y.dtype != torch.long or rec.y.dim() != 1 or (rec.y.numel() and (rec.y.min() < 0 or rec.y.max() >= ds.num_classes)):
+            shape_ok, detail = False, f"y must be a 1-D long tensor of class indices, got {rec.y!r}"
+    return Check("output shapes and dtypes", shape_ok, detail)
+
+
 def check_attack(name: str, params: dict[str, Any] | None = None) -> list[Check]:
     info = registry.plugin_info("attack", name)
     cls = info.obj
@@ -177,20 +196,7 @@ def check_attack(name: str, params: dict[str, Any] | None = None) -> list[Check]
     case, (rec, victim, ds, mutated, prepare_mutated) = supported
     through = f", through {case.protocol} {case.protocol_params}" if case.protocol != "fedsgd" else ""
     checks.append(Check("supports a standard case", True, f"{case.model}, batch size {case.batch_size}{through}"))
-    shape_ok, detail = True, ""
-    if rec.x is None and rec.y is None:
-        shape_ok, detail = False, "returned neither images nor labels"
-    if rec.x is not None:
-        if rec.x.dim() != 4 or tuple(rec.x.shape[1:]) != ds.input_shape or rec.x.shape[0] < 1:
-            shape_ok, detail = False, f"x has shape {tuple(rec.x.shape)}, expected (n, {', '.join(map(str, ds.input_shape))})"
-        elif rec.x.dtype != victim.x.dtype:
-            shape_ok, detail = False, f"x dtype {rec.x.dtype} != data dtype {victim.x.dtype}"
-        elif not torch.isfinite(rec.x).all():
-            shape_ok, detail = False, "x has NaN or infinity"
-    if rec.y is not None:
-        if rec.y.dtype != torch.long or rec.y.dim() != 1 or (rec.y.numel() and (rec.y.min() < 0 or rec.y.max() >= ds.num_classes)):
-            shape_ok, detail = False, f"y must be a 1-D long tensor of class indices, got {rec.y!r}"
-    checks.append(Check("output shapes and dtypes", shape_ok, detail))
+    checks.append(_output_check(rec, victim, ds))
     rec2 = _run_attack_once(factory, case)[0]
     same = all(
         (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))

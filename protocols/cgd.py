@@ -300,14 +300,14 @@ class CGD(_ConfinedTraining):
         self._k = 1
         self._offset: tuple[torch.Tensor, torch.Tensor] | None = None  # the public first-layer offset (split trials)
 
-    def _cols(self) -> int:
+    def attack_cols(self) -> int:
         """Feature blocks per client in attack trials: the partition's cols with split_features, else 1."""
         return Partition.parse(self.partition).cols if self.split_features else 1
 
-    def _colluders(self, clients: int) -> int:
+    def colluders_at(self, clients: int) -> int:
         """t colluding participants. Whole samples: the last t clients (default m - 2). Split features: whole sample
         blocks outside the victim's, t a multiple of cols (default all of them, m - cols)."""
-        cols = self._cols()
+        cols = self.attack_cols()
         m = clients * cols
         if cols == 1:
             t = m - 2 if self.colluders is None else self.colluders
@@ -327,8 +327,8 @@ class CGD(_ConfinedTraining):
 
     def client_models(self, model: nn.Module, clients: int, rng: torch.Generator) -> list[nn.Module]:
         self.reset()
-        self._colluders(clients)
-        if self._cols() > 1:
+        self.colluders_at(clients)
+        if self.attack_cols() > 1:
             return self._vertical_models(model, clients, rng)
         if self.confined:
             self._models = [_redraw(model, self._delta(rng), rng, self.init_law) for _ in range(clients)]
@@ -340,7 +340,7 @@ class CGD(_ConfinedTraining):
         return list(self._models)
 
     def _vertical_models(self, model: nn.Module, clients: int, rng: torch.Generator) -> list[nn.Module]:
-        cols = self._cols()
+        cols = self.attack_cols()
         if self.vertical != "vfl":
             raise UnsupportedCase("attack trials with split_features run the vfl reading (vertical = 'vfl'); the "
                                   "literal reading's are not built")  # fmt: skip
@@ -383,7 +383,7 @@ class CGD(_ConfinedTraining):
         if self.secure_sum == "float":
             return flats.sum(0), flats[:honest].sum(0)
         fp = FixedPoint(self.frac_bits)
-        enc = fp.encode(flats, addends=m * self._cols())
+        enc = fp.encode(flats, addends=m * self.attack_cols())
         share = rng is not None and m * m * enc.shape[1] <= SHARE_BUDGET
         ring = secure_sum(enc, rng) if share else sum_encoded(enc)
         # The colluders subtract their own encodings from the reconstructed sum: the honest participants' sum.
@@ -391,8 +391,8 @@ class CGD(_ConfinedTraining):
         return fp.decode(ring), fp.decode(seen_ring)
 
     def observe(self, sent: list[Update], rng: torch.Generator) -> Update:
-        t = self._colluders(len(sent))
-        cols = self._cols()
+        t = self.colluders_at(len(sent))
+        cols = self.attack_cols()
         total, seen = self._sums(sent, rng, t // cols)  # a colluding sample block is cols colluding participants
         honest = len(sent) - t // cols
         dtype = sent[0].flat().dtype
@@ -442,7 +442,7 @@ class CGD(_ConfinedTraining):
         if self.proxy == "mean":
             held = self._extra[1]
         else:
-            t = self._colluders(len(client_models))
+            t = self.colluders_at(len(client_models))
             held = client_models[-1] if t else self._extra[0]
         # A vertical block's proxy: one of its participants' models (the block's first layer, that member's upper).
         return held.members[0] if isinstance(held, VerticalBlock) else held

@@ -66,7 +66,7 @@ def test_figures_are_written_by_run_and_by_plot(out, capsys):
     assert np.array_equal(_png(folder / "figures" / "reconstructions_skimage_mlp_2.png"), grid)
     from gleak.cli import main
 
-    assert main(["plot", str(folder / "nope")]) == 2 and "no results here" in capsys.readouterr().err
+    assert main(["plot", str(folder / "nope")]) == 2 and "nope: no such folder" in capsys.readouterr().err
 
 
 class _Dom(HTMLParser):
