@@ -428,6 +428,6 @@ def test_a_split_features_verdict_is_attributed_to_the_vertical_partition_it_mea
     from gleak.attribution import _attributed
 
     own = {"partition": "10x7", "split_features": True, "colluders": None}
-    assert _attributed(own, 10) is None  # measured at its own partition
-    assert _attributed(own, 4) == {**own, "partition": "4x7", "colluders": 21}  # every block but the victim's
-    assert _attributed({"partition": "10x7", "colluders": None}, 10) == {"partition": "10x1", "colluders": 8}
+    assert _attributed("cgd", own, 10) is None  # measured at its own partition
+    assert _attributed("cgd", own, 4) == {**own, "partition": "4x7", "colluders": 21}  # every block but the victim's
+    assert _attributed("cgd", {"partition": "10x7", "colluders": None}, 10) == {"partition": "10x1", "colluders": 8}
