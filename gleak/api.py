@@ -124,23 +124,13 @@ def _table(value: Any, kind: str) -> dict[str, Any]:
 
 
 def _with_protocol(spec: dict[str, Any], protocol: Any) -> dict[str, Any]:
-    """The one place that passes `protocol=` to the suite's expansion. With the `none` transform a protocol that is
-    also registered as a defense (cgd, secure-aggregation, local-training) is spelt as the shipped suites spell it,
-    `[[defense]] name = "cgd"`, so that its trials share their ids; otherwise it is the case's `protocol` and
-    `protocol_params` (a protocol + transform pair, e.g. DP-SGD noise inside CGD)."""
+    """The one place that passes `protocol=` to the suite's expansion: the case's `protocol` and `protocol_params`.
+    A protocol with the `none` transform that is also registered as a defense is then spelt as the shipped suites
+    spell it by the expansion itself (gleak.suite.one_spelling), so that its trials share their ids."""
     if protocol is None:
         return spec
-    from gleak.registry import plugin_info
-
     table = _table(protocol, "protocol")
     name, params = table.pop("name"), table
-    if [d["name"] for d in spec["defense"]] == ["none"]:
-        try:
-            legacy = plugin_info("defense", name).protocol is not None
-        except Exception:  # noqa: BLE001 - not a defense spelling: the case key below validates the name
-            legacy = False
-        if legacy:
-            return {**spec, "defense": [{"name": name, **params}]}
     case = {**spec["case"], "protocol": name}
     if params:
         case["protocol_params"] = params
