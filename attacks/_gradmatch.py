@@ -185,7 +185,9 @@ def row_gradients(model: nn.Module, names: list[str], params: list[nn.Parameter]
     def loss_of(w, x, labels):
         return loss_fn(functional_call(model, (w, buffers), (x,)), labels)
 
-    per_row = vmap(grad(loss_of), in_dims=(None, 0, 0 if batched_labels else None))
+    # randomness="different": a model that samples in its forward (PRECODE's bottleneck) draws anew for every row,
+    # as the rows computed one after another do (vmap refuses random operations otherwise).
+    per_row = vmap(grad(loss_of), in_dims=(None, 0, 0 if batched_labels else None), randomness="different")
 
     def gradients(x: Tensor, labels: Tensor) -> list[Tensor]:
         g = per_row(weights, x, labels)

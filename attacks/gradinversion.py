@@ -294,8 +294,10 @@ class GradInversion(Attack):
 
         objective = self._vmap_objective(model, names, stats, target, y)
         if soft:
-            return vmap(grad(objective, argnums=(0, 1)), in_dims=(0, 0, None))
-        per_agent = vmap(grad(objective), in_dims=(0, None))
+            return vmap(grad(objective, argnums=(0, 1)), in_dims=(0, 0, None), randomness="different")
+        # randomness="different": a model that samples in its forward (PRECODE's bottleneck) draws anew for each agent,
+        # as the agents optimised one after another do (vmap refuses random operations otherwise).
+        per_agent = vmap(grad(objective), in_dims=(0, None), randomness="different")
         return lambda x, consensus: [per_agent(x, consensus)]
 
     def _vmap_objective(self, model: nn.Module, names, stats: BNStatistics, target, y):
