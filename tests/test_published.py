@@ -54,15 +54,18 @@ def test_geiping_table1_has_the_published_shape():
             assert ig["resnet20", state].max() > m["resnet20", state, "dlg", labels], (state, labels)
 
 
-def test_dgp_table1_has_the_shape_of_seed_001():
-    """Seed 001 Table 1's shape: undefended imprint recovers half of a batch of 32 exactly; Top-k 80% leaves inverting
-    gradients a recognisable image; noise does not stop a loud imprint; DGP (5%, 75%) defends against all three
-    attacks (inverting gradients on the conv net, seed 001's setting); DGP's gradient distance exceeds Top-k's at
-    the same pruning ratio (80%)."""
+def test_dgp_table1_has_the_shape_of_xue_et_al_table1():
+    """A data check of the DGP paper's Table 1 shape (Xue et al., AAAI 2024) in the published folder: the undefended
+    imprint recovers half of a batch of 32 exactly on the median seed (at least a third on every seed); Top-k 80%
+    leaves inverting gradients a recognisable image; noise does not stop a loud imprint; DGP (5%, 75%) defends
+    against the closed form, inverting gradients on the conv net and the imprint as published, but not against the
+    imprint told the defense; DGP's gradient distance exceeds Top-k's at the same pruning ratio (80%)."""
     df = published("dgp-table1")
     verdict = lambda rows: rows.verdict.value_counts().idxmax()  # noqa: E731 - the majority over seeds
-    imprint = df[df.attack == "imprint"]
-    assert (imprint[imprint.defense == "none"].share >= 0.5).all()
+    aware = df.attack_params.map(lambda p: json.loads(p).get("defense_aware", False))
+    imprint, imprint_aware = df[(df.attack == "imprint") & ~aware], df[(df.attack == "imprint") & aware]
+    undefended = imprint[imprint.defense == "none"].share
+    assert undefended.median() >= 0.5 and undefended.min() >= 1 / 3, undefended.tolist()
     ig = df[df.attack == "inverting-gradients"]
     topk80 = ig[(ig.defense == "topk") & (ig.ratio == 0.8)]
     for model, rows in topk80.groupby("model"):
@@ -70,13 +73,18 @@ def test_dgp_table1_has_the_shape_of_seed_001():
     # Noise leaves a loud imprint's exact recoveries exactly as they were undefended (the batch's median MSE, over
     # the samples no bin isolates, is not the measure of an attack that reads some samples exactly).
     loud = imprint[imprint.gain == 1e6].set_index(["defense", "seed"]).share
-    assert len(loud["noise"]) == 6 and (loud["noise"] >= 0.5).all()
+    seeds = loud["none"].index
+    assert len(loud["noise"]) == 3 * len(seeds) and (loud["noise"] >= 1 / 3).all()
     assert (loud["noise"].groupby("seed").min() == loud["none"]).all()
     dgp = df[df.defense == "dgp"]
     assert verdict(dgp[(dgp.attack == "inverting-gradients") & (dgp.model == "convnet")]) != "recovered"
     assert verdict(dgp[dgp.attack == "closed-form"]) != "recovered"
-    assert verdict(dgp[dgp.attack == "imprint"]) != "recovered"
-    assert (dgp[dgp.attack == "imprint"].share == 0).all()
+    assert verdict(imprint[imprint.defense == "dgp"]) != "recovered"
+    assert (imprint[imprint.defense == "dgp"].share == 0).all()
+    # Told the defense, the imprint places its bins inside DGP's kept band and reads what it read undefended.
+    told = imprint_aware[imprint_aware.defense == "dgp"].set_index(["seed", "gain"]).share.sort_index()
+    plain = imprint[imprint.defense == "none"].set_index(["seed", "gain"]).share.sort_index()
+    assert len(told) == len(plain) and (told.values == plain.values).all()
     one_image = df[(df.batch_size == 1) & (df.attack != "imprint")]
     gd = one_image.groupby(["defense", "ratio"], dropna=False).grad_dist.mean()
     assert gd["dgp"].iloc[0] > gd["topk", 0.8]
