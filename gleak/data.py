@@ -71,6 +71,10 @@ class ImageDataset:
         x = self.x if idx is None else self.x[idx]
         return (x - self.mean.view(1, -1, 1, 1)) / self.std.view(1, -1, 1, 1)
 
+    def model_input(self, idx: Tensor | slice | None, dtype: torch.dtype) -> Tensor:
+        """What the model reads of these samples: normalised images in `dtype` (a text data set gives token ids)."""
+        return self.normalized(idx).to(dtype)
+
 
 def default_root() -> Path:
     return Path(os.environ.get("GLEAK_DATA", Path.home() / ".gleak" / "data"))

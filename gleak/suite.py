@@ -32,6 +32,7 @@ from gleak.config import (
     CASE_FIELDS, CASE_RENAMED, UTILITY_FIELDS, UTILITY_RENAMED, CaseConfig, current_names, TrialConfig, UtilityConfig, check_case_values, check_utility_values, utility_lr_names,
 )  # fmt: skip
 from gleak.errors import InputError, UnknownPluginError
+from gleak.modality import modality_of
 
 SUITE_KEYS = {"name", "seeds", "description", "save_images", "verdict", "device"}
 TOP_TABLES = {"suite", "case", "attack", "defense", "grid", "utility", "claim"}
@@ -263,7 +264,7 @@ def _cases(raw: Any, where: _Where, table: str) -> list[CaseConfig]:
             if not registry.check_value(hints[k], v):
                 raise where.error(table, k, f"must be {registry.expected(hints[k], v)}")
         case = CaseConfig(**point)
-        for k, problem in check_case_values(case):
+        for k, problem in check_case_values(case) + modality_of(case).case_problems(case):
             raise where.error(table, k, problem)
         case = dataclasses.replace(case, model_params=_model_params(case.model, case.model_params, where, table))
         cases.append(dataclasses.replace(case, **_protocol(case, where, table)))
@@ -344,18 +345,16 @@ def _utility(raw: Any, where: _Where) -> UtilityConfig:
 
 def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
     """Load each distinct data set once so that a missing one stops the suite before anything runs."""
-    from gleak.data import load_dataset
-
     seen = set()
     for c in cases:
-        key = (c.dataset, c.data_root, c.resolution, c.channels, c.download)
+        key = (c.dataset, c.data_root, c.resolution, c.channels, c.download, c.seq_len, c.vocab_size, c.model)
         if c.model_state.startswith("file:"):  # each checkpoint is checked against each model it is loaded into
             key += (c.model_state, c.model, repr(sorted(c.model_params.items())))
         if key in seen:
             continue
         seen.add(key)
         try:
-            ds = load_dataset(c.dataset, root=c.data_root, resolution=c.resolution, channels=c.channels, download=c.download)
+            ds = modality_of(c).load(c, "train")
         except InputError as exc:
             raise where.error(table, "dataset", str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - a corrupt image in a folder: dataset, an unreadable file: bad input
