@@ -105,7 +105,7 @@ class TextModality:
         """Check the reconstruction's shape, score it (ROUGE, token accuracy, token set) against the victim's
         sequences and the blind guess; the truth and the reconstruction's first sequence go to the row's extra."""
         from gleak.textdata import frequent_tokens
-        from gleak.textmetrics import text_scores, text_verdict  # noqa: F401 - the verdict's rule, named in docs
+        from gleak.textmetrics import TEXT_VERDICT_RULE, text_scores
 
         limit = max_images(cfg.case.batch_size, cfg.case.clients)
         check_reconstruction(rec, ds.input_shape, 1 << 62, limit, cfg.attack)  # labels are not scored for text
@@ -125,7 +125,7 @@ class TextModality:
         if eps is not None:
             extra["epsilon"] = eps
         if scores["verdict"] is not None:
-            extra["verdict_rule"] = "text"
+            extra["verdict_rule"] = TEXT_VERDICT_RULE
         scores["extra"] = extra
         return Finished(scores, (None, None), None)
 

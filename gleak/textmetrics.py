@@ -35,6 +35,7 @@ RECOVERED_ROUGE_L = 0.8
 PARTIAL_ROUGE_1 = 0.5
 PARTIAL_MARGIN = 0.2
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
+TEXT_VERDICT_RULE = "text"  # the verdict rule a text trial stores (extra verdict_rule): these bands
 
 
 class _Tokens:

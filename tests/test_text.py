@@ -134,3 +134,19 @@ def test_a_text_case_with_an_image_model_or_image_keys_is_refused_by_the_suite(t
         f.write_text(f'[suite]\nname = "s"\n[case]\n{case}\n[[attack]]\nname = "token-set"\n[[defense]]\nname = "none"\n')
         with pytest.raises(InputError, match=key):
             load_suite(f)
+
+
+def test_a_text_suite_runs_and_its_leaderboard_ranks_the_defenses_by_rouge_with_a_reconstruction_beside_its_truth(tmp_path):
+    import gleak
+
+    f = tmp_path / "t.toml"
+    f.write_text('[suite]\nname = "t"\nseeds = [0, 1]\n[case]\ndataset = "fortunes"\nmodel = "text-classifier"\nseq_len = 16\n'
+                 '[[attack]]\nname = "token-set"\n[[defense]]\nname = "none"\n[[defense]]\nname = "noise"\nsigma = 0.01\n')  # fmt: skip
+    gleak.run(f, tmp_path / "out", progress=False)
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    ranking = md[md.index("## Text: defenses ranked"):md.index("## Text: results by case")]
+    lines = [ln for ln in ranking.splitlines() if ln.startswith("| 1 ") or ln.startswith("| 2 ")]
+    assert "noise" in lines[0] and "none" in lines[1] and "1.000 ± 0.000" in lines[1]  # the token set: F1 1.0
+    shown = md[md.index("## Text: reconstructions beside their truth"):]
+    assert "| token-set | B=1 L=16 |" in shown
+    assert "partial" in md[md.index("## Text: results by case"):md.index("## Text: reconstructions")]
