@@ -179,9 +179,12 @@ def _discover() -> None:
 
 
 def list_datasets() -> list[tuple[str, str]]:
-    """(name, one-line summary) of every registered data set, in registration order."""
+    """(name, one-line summary) of every registered data set, in registration order, then the text data sets
+    (gleak.vocabulary, loaded by gleak.textdata)."""
+    from gleak.vocabulary import TEXT_DATASETS
+
     _discover()
-    return [(e.name, e.summary) for e in _DATASETS.values()]
+    return [(e.name, e.summary) for e in _DATASETS.values()] + list(TEXT_DATASETS.items())
 
 
 def dataset_entry(name: str) -> tuple[DatasetEntry, str | None]:
