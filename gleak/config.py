@@ -295,9 +295,12 @@ class UtilityConfig:
     seed: int = 0
     # None: IID client shards; alpha > 0: label-skewed shards, a Dirichlet(alpha) share per class (gleak.data.client_shards)
     dirichlet_alpha: float | None = None
+    # Text data sets (as in CaseConfig): tokens per sequence and the vocabulary's size (None: their defaults).
+    seq_len: int | None = None
+    vocab_size: int | None = None
 
     # Fields added after UTILITY_FORMAT 1: in to_dict (hence the utility id) only when set, so stored runs stay valid.
-    LATER_FIELDS: ClassVar[dict[str, Any]] = {"dirichlet_alpha": None}
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"dirichlet_alpha": None, "seq_len": None, "vocab_size": None}
 
     def __post_init__(self):
         # The step the algorithm uses is concrete (DEFAULT_LR when not given), the other stays None, so that the

@@ -40,6 +40,7 @@ class ImageModality:
                             channels=case.channels, download=case.download)  # fmt: skip
 
     def case_problems(self, case: Any) -> list[tuple[str, str]]:
+        """(key, problem) of a case (or a [utility] table) that does not fit images."""
         out = [(k, f"applies to text data sets only (dataset {case.dataset!r} is images)")
                for k in ("seq_len", "vocab_size") if getattr(case, k) is not None]  # fmt: skip
         if case.model in TEXT_MODELS:
@@ -87,6 +88,7 @@ class TextModality:
                                  targets="next" if case.model in LANGUAGE_MODELS else "class")  # fmt: skip
 
     def case_problems(self, case: Any) -> list[tuple[str, str]]:
+        """(key, problem) of a case (or a [utility] table) that does not fit text."""
         out = [(k, f"applies to image data sets only (dataset {case.dataset!r} is text)")
                for k in ("resolution", "channels") if getattr(case, k) is not None]  # fmt: skip
         if case.model not in TEXT_MODELS:
@@ -96,7 +98,7 @@ class TextModality:
             out.append(("seq_len", f"must be in [2, 512], got {case.seq_len}"))
         if case.vocab_size is not None and not 3 <= case.vocab_size <= 100_000:
             out.append(("vocab_size", f"must be in [3, 100_000], got {case.vocab_size}"))
-        if case.distinct_labels and case.model in LANGUAGE_MODELS:
+        if getattr(case, "distinct_labels", False) and case.model in LANGUAGE_MODELS:
             out.append(("distinct_labels", "a language model's labels are its next tokens: no classes to keep distinct"))
         return out
 

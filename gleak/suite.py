@@ -311,8 +311,6 @@ def _model_params(model: str, params: dict[str, Any], where: _Where, table: str)
 
 def _utility(raw: Any, where: _Where) -> UtilityConfig:
     """The [utility] table: one training configuration (lists are values, not grids), its data set loaded once."""
-    from gleak.data import load_dataset
-
     table = "utility"
     if not isinstance(raw, dict):
         raise where.error(table, None, "must be a table")
@@ -328,13 +326,12 @@ def _utility(raw: Any, where: _Where) -> UtilityConfig:
         if not registry.check_value(hints[k], v):
             raise where.error(table, k, f"must be {registry.expected(hints[k], v)}")
     u = UtilityConfig(**raw)
-    for k, problem in check_utility_values(u):
+    for k, problem in check_utility_values(u) + modality_of(u).case_problems(u):
         raise where.error(table, k, problem)
     u = dataclasses.replace(u, model_params=_model_params(u.model, u.model_params, where, table))
-    kw = dict(root=u.data_root, resolution=u.resolution, channels=u.channels, download=u.download)
     try:
-        shard = len(load_dataset(u.dataset, "train", **kw)) // u.clients
-        load_dataset(u.dataset, "test", **kw)
+        shard = len(modality_of(u).load(u, "train")) // u.clients
+        modality_of(u).load(u, "test")
     except InputError as exc:
         raise where.error(table, "dataset", str(exc)) from None
     need = u.batch_size * u.local_steps
