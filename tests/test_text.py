@@ -168,3 +168,10 @@ def test_utility_runs_train_the_text_classifier_and_noise_costs_accuracy(tmp_pat
     # noise of sigma 1 swamps the gradient and ends below it (measured 0.252).
     assert set(acc) == {"none", "noise"} and all(0.0 <= a <= 1.0 for a in acc.values())
     assert acc["none"] >= 135 / 416 and acc["noise"] < acc["none"] - 0.03, acc
+
+
+def test_tag_recovers_the_text_in_its_order_from_the_causal_language_model():
+    # A language model's targets are its own next tokens, so its gradient gives the order away too.
+    for seed in range(2):
+        _, e = _trial("tag", {"iterations": 100, "restarts": 1}, seed=seed, model="text-lm")
+        assert e["rougeL"] >= 0.9 and e["token_acc"] >= 0.9, (seed, e)
