@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gleak.registry import register_model
@@ -102,11 +101,6 @@ class CausalLM(TextTransformer):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.hidden(x)[0]).transpose(1, 2)
-
-    def log_prob(self, ids: Tensor) -> Tensor:
-        """Sum of log p(token_t | tokens_<t) over t >= 1, one value per row of ids (B, L): LAMP's prior."""
-        logits = self.forward(ids)[:, :, :-1]
-        return -F.cross_entropy(logits, ids[:, 1:], reduction="none").sum(1)
 
 
 def _text_shape(input_shape: tuple[int, ...], name: str) -> tuple[int, int]:
