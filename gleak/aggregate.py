@@ -17,6 +17,7 @@ import pandas as pd
 
 from gleak.attribution import attribute_measured_configuration
 from gleak.metrics import PSNR_CEILING, VERDICT_ORDER, trial_verdict
+from gleak.textmetrics import TEXT_VERDICT_RULE
 from gleak.store import DONE, NOT_APPLICABLE
 
 
@@ -105,10 +106,10 @@ def apply_verdicts(df: pd.DataFrame, rule: str = "margin") -> pd.DataFrame:
     rules = [json.loads(js).get("verdict_rule") if isinstance(js, str) and js else None for js in df.get("extra", [None] * len(df))]
     verdicts = []
     for (_, r), row_rule in zip(df.iterrows(), rules):
-        if r.get("status") != "ok" or as_float(r.get("mse")) is None:
+        if r.get("status") != "ok" or (as_float(r.get("mse")) is None and row_rule != TEXT_VERDICT_RULE):
             verdicts.append(None)
-        elif row_rule == rule and isinstance(r.get("verdict"), str):  # judged by this rule when it was scored
-            verdicts.append(r["verdict"])
+        elif row_rule in (rule, TEXT_VERDICT_RULE) and isinstance(r.get("verdict"), str):
+            verdicts.append(r["verdict"])  # judged by this rule when it was scored (a text trial: by ROUGE, its only rule)
         else:
             verdicts.append(trial_verdict(r["mse"], r.get("half_mse"), r.get("blind_mse"), r.get("matched"),
                                           r.get("batch_size"), rule))  # fmt: skip

@@ -59,13 +59,14 @@ def _registrations(path: Path) -> list[tuple[str, str, str]]:
 
 
 def _builtin_files() -> list[Path]:
-    """The modules the registry's discovery imports: every public module of the built-in packages, and gleak.models."""
+    """The modules the registry's discovery imports: every public module of the built-in packages, and gleak.models
+    with the text models it imports."""
     files = []
     for pkg in ("gleak.attacks", "gleak.defenses", "gleak.protocols"):
         spec = importlib.util.find_spec(pkg)
         for folder in (spec.submodule_search_locations or []) if spec else []:
             files += sorted(p for p in Path(folder).glob("*.py") if not p.name.startswith("_"))
-    return files + [Path(__file__).with_name("models.py")]
+    return files + [Path(__file__).with_name("models.py"), Path(__file__).with_name("textmodels.py")]
 
 
 def builtin_summaries(kind: str) -> dict[str, str] | None:

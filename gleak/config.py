@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from gleak.vocabulary import is_text_dataset, text_vocab_digest
+
 # Bump when a change to gleak alters what an existing config computes, so that stored results are not reused.
 TRIAL_FORMAT = 1
 
@@ -77,11 +79,16 @@ class CaseConfig:
     # by the legacy keys: update = "fedavg", or a protocol named as a defense such as [[defense]] name = "cgd").
     protocol: str = "fedsgd"
     protocol_params: dict[str, Any] = field(default_factory=dict)
+    # Text data sets (gleak.vocabulary): tokens per sequence (None: DEFAULT_SEQ_LEN) and the tokenizer's vocabulary
+    # size (None: DEFAULT_VOCAB_SIZE). Images leave them unset.
+    seq_len: int | None = None
+    vocab_size: int | None = None
 
     # Fields added after TRIAL_FORMAT 1: part of a trial's identity only when set, so existing trial ids stay valid.
     LATER_FIELDS: ClassVar[dict[str, Any]] = {
         "rounds": 0, "model_state": "untrained", "train_steps": 500, "train_lr": 0.01, "train_batch_size": 32,
         "train_seed": 0, "model_mode": "train", "protocol": "fedsgd", "protocol_params": {}, "server_lr": None,
+        "seq_len": None, "vocab_size": None,
     }
 
     @property
@@ -228,6 +235,10 @@ class TrialConfig:
         if self.case.model_state.startswith("file:"):
             # The id follows the checkpoint's content, not only its path: new weights at the same path are new trials.
             out["model_file_sha256"] = file_digest(self.case.model_state[len("file:"):])
+        if is_text_dataset(self.case.dataset):
+            # A text case computes on the tokenizer built from its data: the vocabulary's hash, so that another
+            # vocabulary (a new release of the data package) makes other trials.
+            out["vocabulary_sha256"] = text_vocab_digest(self.case.dataset, self.case.data_root, self.case.vocab_size)
         if self.case.model_state == "trained":
             # A trained model's victims come from the split it never trained on (gleak.trial); before that rule they
             # came from its training split. Another computation, so another id: stores never reuse the old rows.
@@ -284,9 +295,12 @@ class UtilityConfig:
     seed: int = 0
     # None: IID client shards; alpha > 0: label-skewed shards, a Dirichlet(alpha) share per class (gleak.data.client_shards)
     dirichlet_alpha: float | None = None
+    # Text data sets (as in CaseConfig): tokens per sequence and the vocabulary's size (None: their defaults).
+    seq_len: int | None = None
+    vocab_size: int | None = None
 
     # Fields added after UTILITY_FORMAT 1: in to_dict (hence the utility id) only when set, so stored runs stay valid.
-    LATER_FIELDS: ClassVar[dict[str, Any]] = {"dirichlet_alpha": None}
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"dirichlet_alpha": None, "seq_len": None, "vocab_size": None}
 
     def __post_init__(self):
         # The step the algorithm uses is concrete (DEFAULT_LR when not given), the other stays None, so that the

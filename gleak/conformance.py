@@ -56,6 +56,11 @@ CASES = (
     CaseConfig(dataset="skimage", model="lenet", resolution=16, batch_size=1),
     CaseConfig(dataset="skimage", model="mlp", resolution=16, batch_size=2),
 )
+# The standard cases of a text attack (its class sets `modality = "text"`): the text classifier on short sequences.
+TEXT_CASES = (
+    CaseConfig(dataset="fortunes", model="text-classifier", seq_len=8, batch_size=1),
+    CaseConfig(dataset="fortunes", model="text-classifier", seq_len=8, batch_size=2),
+)
 
 
 @dataclass
@@ -90,6 +95,8 @@ def _meta_checks(kind: str, name: str) -> list[Check]:
 def attack_cases(cls: type) -> tuple[CaseConfig, ...]:
     """The standard cases, and for an attack that only applies behind a protocol's wire (its class names one as
     `conformance_protocol = (name, params)`) the first MLP case run through that protocol with two clients."""
+    if getattr(cls, "modality", "image") == "text":
+        return TEXT_CASES
     extra = getattr(cls, "conformance_protocol", None)
     if extra is None:
         return CASES
@@ -148,16 +155,17 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
 
 
 def _output_check(rec: Any, victim: Any, ds: Any) -> Check:
-    """The reconstruction's shapes and dtypes: images (n, *input shape) of the data's dtype, finite; labels a 1-D
-    long tensor of class indices."""
+    """The reconstruction's shapes and dtypes: images (n, *input shape) of the data's dtype (a text case's: scores
+    (n, L, V) over the vocabulary, in the model's float dtype), finite; labels a 1-D long tensor of class indices."""
     shape_ok, detail = True, ""
+    want = victim.x.dtype if victim.x.dtype.is_floating_point else torch.get_default_dtype()
     if rec.x is None and rec.y is None:
         shape_ok, detail = False, "returned neither images nor labels"
     if rec.x is not None:
-        if rec.x.dim() != 4 or tuple(rec.x.shape[1:]) != ds.input_shape or rec.x.shape[0] < 1:
+        if rec.x.dim() != 1 + len(ds.input_shape) or tuple(rec.x.shape[1:]) != ds.input_shape or rec.x.shape[0] < 1:
             shape_ok, detail = False, f"x has shape {tuple(rec.x.shape)}, expected (n, {', '.join(map(str, ds.input_shape))})"
-        elif rec.x.dtype != victim.x.dtype:
-            shape_ok, detail = False, f"x dtype {rec.x.dtype} != data dtype {victim.x.dtype}"
+        elif rec.x.dtype != want:
+            shape_ok, detail = False, f"x dtype {rec.x.dtype} != data dtype {want}"
         elif not torch.isfinite(rec.x).all():
             shape_ok, detail = False, "x has NaN or infinity"
     if rec.y is not None:

@@ -71,6 +71,10 @@ class ImageDataset:
         x = self.x if idx is None else self.x[idx]
         return (x - self.mean.view(1, -1, 1, 1)) / self.std.view(1, -1, 1, 1)
 
+    def model_input(self, idx: Tensor | slice | None, dtype: torch.dtype) -> Tensor:
+        """What the model reads of these samples: normalised images in `dtype` (a text data set gives token ids)."""
+        return self.normalized(idx).to(dtype)
+
 
 def default_root() -> Path:
     return Path(os.environ.get("GLEAK_DATA", Path.home() / ".gleak" / "data"))
@@ -175,9 +179,12 @@ def _discover() -> None:
 
 
 def list_datasets() -> list[tuple[str, str]]:
-    """(name, one-line summary) of every registered data set, in registration order."""
+    """(name, one-line summary) of every registered data set, in registration order, then the text data sets
+    (gleak.vocabulary, loaded by gleak.textdata)."""
+    from gleak.vocabulary import TEXT_DATASETS
+
     _discover()
-    return [(e.name, e.summary) for e in _DATASETS.values()]
+    return [(e.name, e.summary) for e in _DATASETS.values()] + list(TEXT_DATASETS.items())
 
 
 def dataset_entry(name: str) -> tuple[DatasetEntry, str | None]:

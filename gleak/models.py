@@ -217,3 +217,7 @@ def resnet20(input_shape: tuple[int, ...], num_classes: int, width: int = 4) -> 
 def resnet18(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """ResNet-18 with the CIFAR stem (3x3 conv at stride 1, no max-pool): 4 stages of 2 blocks, 64-512 channels."""
     return ResNet(input_shape, num_classes, [2, 2, 2, 2], [64, 128, 256, 512])
+
+
+# The text modality's models (a text data set's input shape is (seq_len, vocab)) register on import.
+from gleak import textmodels  # noqa: E402,F401

@@ -60,6 +60,8 @@ def training_key(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype, wrapper
     }  # fmt: skip
     if wrapper is not None:
         ident["wrapped_by"] = wrapper
+    if getattr(ds, "vocab_sha256", None):  # a text data set: the tokenizer's vocabulary (input_shape holds its size)
+        ident["vocab_sha256"] = ds.vocab_sha256
     blob = json.dumps(ident, sort_keys=True, default=str)
     return f"{case.model}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
@@ -69,7 +71,7 @@ def train(model: nn.Module, ds: ImageDataset, case: CaseConfig, defense: Defense
     defense, each step's gradient is its client gradient (its randomness from a generator of train_seed)."""
     gen = generator(case.train_seed, "pretrain")
     defense_rng = generator(case.train_seed, "pretrain-defense") if defense is not None else None
-    x, y = ds.normalized().to(next(model.parameters()).dtype), ds.y
+    x, y = ds.model_input(None, next(model.parameters()).dtype), ds.y
     opt = torch.optim.SGD(model.parameters(), lr=case.train_lr, momentum=0.9, weight_decay=5e-4)
     model.train()
     order, pos = torch.randperm(len(y), generator=gen), 0
@@ -89,7 +91,8 @@ def train(model: nn.Module, ds: ImageDataset, case: CaseConfig, defense: Defense
     model.eval()
     with torch.no_grad():
         logits = torch.cat([model(x[i : i + 256]) for i in range(0, len(y), 256)])
-    return {"train_acc": float((logits.argmax(1) == y).double().mean()), "train_loss": float(loss_fn(logits, y))}
+    scored = y != -100  # every label of a classifier; a language model's positions that have a next token
+    return {"train_acc": float((logits.argmax(1) == y)[scored].double().mean()), "train_loss": float(loss_fn(logits, y))}
 
 
 def _initial(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype, defense: Defense | None) -> nn.Module:

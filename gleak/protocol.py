@@ -240,7 +240,7 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: in
     model.eval()
     right = sum(int((model(x[i : i + chunk]).argmax(1) == y[i : i + chunk]).sum()) for i in range(0, len(y), chunk))
     model.train(was)
-    return right / len(y)
+    return right / int((y != -100).sum())  # a classifier's labels; a language model's positions with a next token
 
 
 def federated_training(
@@ -265,8 +265,8 @@ def federated_training(
     model = devices.to_device(defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model")))  # PRECODE's
     # The data travels to the run's device once (gleak.device.use; loaded on the CPU); the clients' index draws stay
     # on the CPU, which indexes either device's tensors.
-    x, y = devices.to_device(train.normalized().to(dtype)), devices.to_device(train.y)
-    xt, yt = devices.to_device(test.normalized().to(dtype)), devices.to_device(test.y)
+    x, y = devices.to_device(train.model_input(None, dtype)), devices.to_device(train.y)  # token ids stay ids
+    xt, yt = devices.to_device(test.model_input(None, dtype)), devices.to_device(test.y)
     parts = client_shards(train.y, cfg.clients, generator(cfg.seed, "utility-shards"), cfg.dirichlet_alpha, cfg.batch_size * cfg.local_steps)
     data_rng = generator(cfg.seed, "utility-data")  # the same stream for every defense: paired comparison
     defense_rng = generator(cfg.seed, "utility-defense")

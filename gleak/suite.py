@@ -32,6 +32,7 @@ from gleak.config import (
     CASE_FIELDS, CASE_RENAMED, UTILITY_FIELDS, UTILITY_RENAMED, CaseConfig, current_names, TrialConfig, UtilityConfig, check_case_values, check_utility_values, utility_lr_names,
 )  # fmt: skip
 from gleak.errors import InputError, UnknownPluginError
+from gleak.modality import modality_of
 
 SUITE_KEYS = {"name", "seeds", "description", "save_images", "verdict", "device"}
 TOP_TABLES = {"suite", "case", "attack", "defense", "grid", "utility", "claim"}
@@ -263,7 +264,7 @@ def _cases(raw: Any, where: _Where, table: str) -> list[CaseConfig]:
             if not registry.check_value(hints[k], v):
                 raise where.error(table, k, f"must be {registry.expected(hints[k], v)}")
         case = CaseConfig(**point)
-        for k, problem in check_case_values(case):
+        for k, problem in check_case_values(case) + modality_of(case).case_problems(case):
             raise where.error(table, k, problem)
         case = dataclasses.replace(case, model_params=_model_params(case.model, case.model_params, where, table))
         cases.append(dataclasses.replace(case, **_protocol(case, where, table)))
@@ -310,8 +311,6 @@ def _model_params(model: str, params: dict[str, Any], where: _Where, table: str)
 
 def _utility(raw: Any, where: _Where) -> UtilityConfig:
     """The [utility] table: one training configuration (lists are values, not grids), its data set loaded once."""
-    from gleak.data import load_dataset
-
     table = "utility"
     if not isinstance(raw, dict):
         raise where.error(table, None, "must be a table")
@@ -327,13 +326,12 @@ def _utility(raw: Any, where: _Where) -> UtilityConfig:
         if not registry.check_value(hints[k], v):
             raise where.error(table, k, f"must be {registry.expected(hints[k], v)}")
     u = UtilityConfig(**raw)
-    for k, problem in check_utility_values(u):
+    for k, problem in check_utility_values(u) + modality_of(u).case_problems(u):
         raise where.error(table, k, problem)
     u = dataclasses.replace(u, model_params=_model_params(u.model, u.model_params, where, table))
-    kw = dict(root=u.data_root, resolution=u.resolution, channels=u.channels, download=u.download)
     try:
-        shard = len(load_dataset(u.dataset, "train", **kw)) // u.clients
-        load_dataset(u.dataset, "test", **kw)
+        shard = len(modality_of(u).load(u, "train")) // u.clients
+        modality_of(u).load(u, "test")
     except InputError as exc:
         raise where.error(table, "dataset", str(exc)) from None
     need = u.batch_size * u.local_steps
@@ -344,18 +342,16 @@ def _utility(raw: Any, where: _Where) -> UtilityConfig:
 
 def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
     """Load each distinct data set once so that a missing one stops the suite before anything runs."""
-    from gleak.data import load_dataset
-
     seen = set()
     for c in cases:
-        key = (c.dataset, c.data_root, c.resolution, c.channels, c.download)
+        key = (c.dataset, c.data_root, c.resolution, c.channels, c.download, c.seq_len, c.vocab_size, c.model)
         if c.model_state.startswith("file:"):  # each checkpoint is checked against each model it is loaded into
             key += (c.model_state, c.model, repr(sorted(c.model_params.items())))
         if key in seen:
             continue
         seen.add(key)
         try:
-            ds = load_dataset(c.dataset, root=c.data_root, resolution=c.resolution, channels=c.channels, download=c.download)
+            ds = modality_of(c).load(c, "train")
         except InputError as exc:
             raise where.error(table, "dataset", str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - a corrupt image in a folder: dataset, an unreadable file: bad input

@@ -20,28 +20,27 @@ from torch import nn
 
 from gleak import device as devices
 from gleak.config import TrialConfig, derive_seed, generator
-from gleak.contract import baseline_torch_state, check_reconstruction, max_images
-from gleak.data import ImageDataset, load_dataset, sample_indices
+from gleak.contract import baseline_torch_state
+from gleak.data import ImageDataset, sample_indices
 from gleak.errors import UnsupportedCase
 from gleak.gate import attacker_knowledge, observation, observer_model, refuse_unservable, served_models  # noqa: F401 - observer_model: public here
 from gleak.store import NOT_APPLICABLE
 from gleak.guards import extra_json
-from gleak.metrics import mean_image, original_scores, relative_distance, score
+from gleak.metrics import relative_distance
+from gleak.modality import modality_of
 from gleak.plugin import Attack, Defense, transforms_inputs
 from gleak.pretrain import build_model
 from gleak.progress import reporting
 from gleak.protocol import Protocol, Schedule, fedavg_update, fedsgd_update, run_rounds, trial_setup
 from gleak.registry import create
-from gleak.threat import ClientBatch, Observation, Update, denormalize, replace
+from gleak.threat import ClientBatch, Observation, Update, replace
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def load_case_data(cfg: TrialConfig, split: str = "train") -> ImageDataset:
-    c = cfg.case
-    return load_dataset(
-        c.dataset, split, root=c.data_root, resolution=c.resolution, channels=c.channels, download=c.download
-    )
+    """A split of the case's data set, as its modality loads it (images, or token sequences: gleak.modality)."""
+    return modality_of(cfg.case).load(cfg.case, split)
 
 
 def draw_batches(ds: ImageDataset, cfg: TrialConfig, dtype: torch.dtype, purpose: str = "data") -> list[ClientBatch]:
@@ -52,7 +51,7 @@ def draw_batches(ds: ImageDataset, cfg: TrialConfig, dtype: torch.dtype, purpose
     out = []
     for i in range(c.clients):
         part = idx[i * c.batch_size : (i + 1) * c.batch_size]
-        out.append(ClientBatch(ds.normalized(part).to(dtype), ds.y[part], ds.mean, ds.std))
+        out.append(ClientBatch(ds.model_input(part, dtype), ds.y[part], ds.mean, ds.std))
     return out
 
 
@@ -139,34 +138,17 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
         model = devices.to_device(model)
         last, rec, plain, sent = _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, batches)
         grad_dist = relative_distance(plain.flat(), last.view.flat())
-    limit = max_images(cfg.case.batch_size, cfg.case.clients)
-    check_reconstruction(rec, ds.input_shape, ds.num_classes, limit, cfg.attack)  # before anything reads it
-    rec_x = rec.x.detach().cpu() if rec.x is not None else None
-    rec_y = rec.y.cpu() if isinstance(rec.y, torch.Tensor) else rec.y
-    if rec_x is not None and not torch.isfinite(rec_x).all():  # say so, rather than fail later in the matching
-        raise FloatingPointError("the reconstruction has NaN or infinite pixels")
-
-    rec_images = denormalize(rec_x, ds.mean, ds.std) if rec_x is not None else None
-    blind = mean_image(pool.x)  # the blind guess: the mean image of the split the victims come from
-    # The truth is what was sent: the batch that entered the victim's gradient (a transforming defense's output).
-    truth = sent if sent is not None else victim
-    scores = score(truth.images(), truth.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict)
+    # Checked, scored and kept as the case's modality says (images: against the mean image; text: ROUGE).
+    done = modality_of(cfg.case).finish(cfg, ds, pool, victim, sent, rec, model_info,
+                                        defenses[0].privacy_spent(),  # the victim's accountant, stepped with its noisy steps
+                                        lpips_weights)  # fmt: skip
+    scores = done.scores
     scores["grad_dist"] = grad_dist
-    share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
-    extra = {**model_info, **rec.extra} if share is None else {"share_psnr40": share, **model_info, **rec.extra}
-    original = None if sent is None else victim.images()
-    if original is not None:  # a separate question: how close the reconstruction comes to the untransformed images
-        extra.update(original_scores(original, victim.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict))
-    eps = defenses[0].privacy_spent()  # the victim's accountant, stepped with the noisy steps it took
-    if eps is not None:
-        extra["epsilon"] = eps
-    extra.update(scores.pop("blind"))
-    if scores["verdict"] is not None:
-        extra["verdict_rule"] = cfg.verdict  # the rule of the stored verdict (gleak.metrics.trial_verdict)
+    extra = scores.pop("extra")
     extra["device"] = device
     scores["extra"] = {k: _finite_or_none(v) for k, v in extra.items()}
-    scores["_images"] = (truth.images(), rec_images)
-    scores["_arrays"] = (truth.images(), truth.y, rec_images, rec_y, blind, original)
+    scores["_images"] = done.images
+    scores["_arrays"] = done.arrays
     return scores
 
 
@@ -243,7 +225,7 @@ def run_trial(
         if on_images is not None:
             on_images(truth, rec)
         arrays = scores.pop("_arrays")
-        if arrays[2] is not None:  # kept as arrays, so that `gleak rescore` recomputes metrics without the attack
+        if arrays is not None and arrays[2] is not None:  # kept as arrays, so that `gleak rescore` recomputes metrics without the attack
             from gleak.reconstructions import pack
 
             row["reconstruction"] = pack(*arrays)

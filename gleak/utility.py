@@ -40,7 +40,8 @@ import torch
 
 from gleak import device as devices
 from gleak.config import UtilityConfig, derive_seed, generator
-from gleak.data import ImageDataset, load_dataset
+from gleak.data import ImageDataset
+from gleak.modality import modality_of
 # The training loop is the Protocol's default `train_utility` (gleak.protocol); its names stay importable from here.
 from gleak.protocol import CURVE_POINTS, Protocol, Setup, accuracy, federated_training  # noqa: F401
 from gleak.registry import create, plugin_info
@@ -72,8 +73,9 @@ def utility_id(cfg: UtilityConfig, defense: str, params: dict[str, Any], protoco
 
 
 def load_utility_data(cfg: UtilityConfig) -> tuple[ImageDataset, ImageDataset]:
-    kw = dict(root=cfg.data_root, resolution=cfg.resolution, channels=cfg.channels, download=cfg.download)
-    return load_dataset(cfg.dataset, "train", **kw), load_dataset(cfg.dataset, "test", **kw)
+    """The run's training and test splits, as its data set's modality loads them (gleak.modality)."""
+    modality = modality_of(cfg)
+    return modality.load(cfg, "train"), modality.load(cfg, "test")
 
 
 def accounting(cfg: UtilityConfig, train_size: int) -> tuple[float, int]:

@@ -22,10 +22,10 @@ PACKAGES = {"gleak": "gleak", "attacks": "gleak.attacks", "defenses": "gleak.def
 # gleak itself, whose __init__ hands out the API, is "__init__").
 LAYERS = [
     # pure data types, errors, the plugin registry and the plugin kinds' base classes: what everything else speaks
-    ("contracts", {"errors", "threat", "config", "registry", "plugin", "catalogue", "contract"}),
+    ("contracts", {"errors", "threat", "config", "registry", "plugin", "catalogue", "contract", "vocabulary"}),
     # the computations: metrics, the round (protocol), the observation gate, models, data, and their small helpers
     ("mechanics", {"metrics", "protocol", "gate", "models", "data", "device", "guards", "heap", "progress",
-                   "secret_sharing", "dp_bound", "files"}),
+                   "secret_sharing", "dp_bound", "files", "textdata", "textmodels", "textmetrics", "modality"}),
     # the built-in plugins: they build on the contracts and the mechanics only (the registry finds them by name)
     ("plugins", {"attacks", "defenses", "protocols"}),
     # running trials and keeping their results: one trial, the runner and its workers, the store, the folder

@@ -14,6 +14,7 @@ from gleak.documents.cells import (
 )  # fmt: skip
 from gleak.metrics import LPIPS_HOWTO, PSNR_CEILING, verdict_rule_text
 from gleak.store import DONE, NOT_APPLICABLE
+from gleak.documents.text import text_blocks
 
 
 def attack_defense_matrix(agg: pd.DataFrame, dr: pd.DataFrame, vd: dict, va: dict) -> tuple[list[str], list[list[str]]]:
@@ -76,6 +77,7 @@ def leaderboard_document(
         doc.append(("h2", "Figures"))
         for rel, caption in figures:
             doc.append(("figure", rel, caption))
+    doc += text_blocks(df)  # text cases: scored by ROUGE, in tables of their own (gleak.documents.text)
     doc += _case_blocks(agg, vd, va)
     doc += _trouble_blocks(df)
     footnotes = list(notes or [])

@@ -1,0 +1,109 @@
+"""The leaderboard's text sections: trials whose case is text (gleak.modality) are scored by ROUGE and token
+accuracy (gleak.textmetrics), not PSNR, so they get tables of their own: the defenses ranked by their worst case
+over the text attacks, each case's rows, and each attack's reconstruction printed beside its truth."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from gleak.aggregate import median_verdict
+from gleak.documents.cells import fmt, params_text
+from gleak.textmetrics import PARTIAL_MARGIN, PARTIAL_ROUGE_1, RECOVERED_ROUGE_L
+from gleak.vocabulary import DEFAULT_SEQ_LEN
+
+METRICS = ("rouge1", "rouge2", "rougeL", "token_acc", "token_set_f1", "blind_rouge1")
+HEADS = ("ROUGE-1", "ROUGE-2", "ROUGE-L", "token acc", "token-set F1", "blind ROUGE-1")
+
+
+def text_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The ok trials of text cases, with their text metrics (from the row's extra) as columns."""
+    extras = [json.loads(js) if isinstance(js, str) and js else {} for js in df.get("extra", [None] * len(df))]
+    keep = pd.Series([e.get("modality") == "text" for e in extras], index=df.index, dtype=bool)
+    if len(df):
+        keep &= df["status"] == "ok"
+    out = df[keep].copy()
+    kept = [e for e, k in zip(extras, keep) if k]
+    for m in (*METRICS, "text_truth", "text_reconstruction", "seq_len"):
+        out[m] = [e.get(m) for e in kept]
+    out["seq_len"] = [_case(js).get("seq_len") or DEFAULT_SEQ_LEN for js in out.get("case", [None] * len(out))]
+    return out
+
+
+def _case(js: Any) -> dict:
+    try:
+        return json.loads(js) if isinstance(js, str) and js else {}
+    except ValueError:
+        return {}
+
+
+def _groups(t: pd.DataFrame) -> pd.DataFrame:
+    keys = ["dataset", "model", "batch_size", "seq_len", "defense", "defense_params", "attack", "attack_params"]
+    rows = []
+    for key, g in t.groupby(keys, sort=False, dropna=False):
+        row = dict(zip(keys, key))
+        row["trials"] = len(g)
+        for m in METRICS:
+            vals = pd.to_numeric(g[m], errors="coerce").dropna()
+            row[m] = float(vals.mean()) if len(vals) else None
+            row[f"{m}_std"] = float(vals.std()) if len(vals) > 1 else None
+        row["verdict"] = median_verdict(g["verdict"].dropna())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _ms(r: dict, m: str) -> str:
+    s = r.get(f"{m}_std")
+    return fmt(r[m], "3") + (f" ± {fmt(s, '3')}" if s is not None and s == s else "")
+
+
+def text_blocks(df: pd.DataFrame) -> list[tuple]:
+    """The text sections as leaderboard blocks; none where the suite has no text trial."""
+    t = text_rows(df)
+    if not len(t):
+        return []
+    agg = _groups(t)
+    doc: list[tuple] = [("h2", "Text: defenses ranked by their worst case over the text attacks")]
+    doc.append(("p",
+        "Text trials are scored on the token strings of each victim sequence (reconstructed rows paired with the "
+        "sequences by optimal assignment): ROUGE-1, ROUGE-2 and ROUGE-L F-measures (Lin, ACL Workshop 2004; the "
+        "rouge-score package), token accuracy (the share of positions holding the true token) and the token-set F1 "
+        "(the batch's set of tokens, in any order). The blind guess is the sequence of the training split's most "
+        "frequent tokens. Verdict: recovered where ROUGE-L >= "
+        f"{RECOVERED_ROUGE_L:g} (the text in its order); partial where ROUGE-1 >= {PARTIAL_ROUGE_1:g} and at least "
+        f"{PARTIAL_MARGIN:g} above the blind guess's ROUGE-1 (the words); else defended. Means ± std over seeds. A "
+        "defense's worst case is the attack with the highest mean ROUGE-1 against it in any case."))  # fmt: skip
+    worst = []
+    for (d, dp), g in agg.groupby(["defense", "defense_params"], sort=False, dropna=False):
+        w = g.sort_values("rouge1", ascending=False, na_position="last").iloc[0].to_dict()
+        worst.append(w)
+    worst.sort(key=lambda r: (r["rouge1"] if r["rouge1"] is not None else 0.0))
+    rank_rows, prev, rank = [], None, 0
+    for i, r in enumerate(worst, 1):
+        val = round(r["rouge1"] or 0.0, 2)
+        rank = rank if val == prev else i
+        prev = val
+        rank_rows.append([str(rank), r["defense"], params_text(r["defense_params"], "defense", r["defense"]), r["attack"],
+                          f"B={r['batch_size']} L={r['seq_len']}", *[_ms(r, m) for m in METRICS], r["verdict"] or ""])  # fmt: skip
+    doc.append(("table", ["rank", "defense", "params", "worst attack", "its case", *HEADS, "verdict"], rank_rows))
+
+    doc.append(("h2", "Text: results by case"))
+    for key, g in agg.groupby(["dataset", "model", "batch_size", "seq_len"], sort=False):
+        doc.append(("h3", f"dataset={key[0]} model={key[1]} batch size={key[2]} sequence length={key[3]}"))
+        rows = [[r["defense"], params_text(r["defense_params"], "defense", r["defense"]), r["attack"],
+                 params_text(r["attack_params"], "attack", r["attack"]), str(r["trials"]), *[_ms(r, m) for m in METRICS],
+                 r["verdict"] or ""] for r in g.to_dict("records")]  # fmt: skip
+        doc.append(("table", ["defense", "params", "attack", "attack params", "trials", *HEADS, "verdict"], rows))
+
+    doc.append(("h2", "Text: reconstructions beside their truth"))
+    doc.append(("p", "Undefended, the first sequence of each attack's trial of the lowest seed in each case."))
+    shown = []
+    none = t[t["defense"] == "none"].sort_values("seed")
+    for _, g in none.groupby(["dataset", "model", "batch_size", "seq_len", "attack", "attack_params"], sort=False):
+        r = g.iloc[0]
+        shown.append([r["attack"], f"B={r['batch_size']} L={r['seq_len']}", str(r["text_truth"] or ""),
+                      str(r["text_reconstruction"] or ""), fmt(r["rouge1"], "3")])  # fmt: skip
+    if shown:
+        doc.append(("table", ["attack", "case", "truth", "reconstruction", "ROUGE-1"], shown))
+    return doc
