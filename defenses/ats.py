@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gleak.errors import UnsupportedCase
 from gleak.plugin import Defense, check_choice
 from gleak.protocol import batch_gradient
 from gleak.registry import register_defense
@@ -296,6 +297,8 @@ class ATS(Defense):
 
     def transform_batch(self, x: Tensor, rng: torch.Generator) -> Tensor:
         """The client's normalised batch after the policy (same normalisation as `x`)."""
+        if not x.is_floating_point():  # token ids: there is no image to transform
+            raise UnsupportedCase("ats transforms images; this case's inputs are token ids")
         mean, std = self.stats()
         if mean is not None and len(mean) not in (1, x.shape[1]):
             raise ValueError(f"ats: mean has {len(mean)} entries, the input has {x.shape[1]} channels")

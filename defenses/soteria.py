@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gleak.errors import UnsupportedCase
 from gleak.models import last_linear
 from gleak.plugin import Defense
 from gleak.protocol import loss_fn, trainable
@@ -71,6 +72,8 @@ class Soteria(Defense):
         self.rate, self.offset = rate, offset
 
     def client_gradient(self, model: nn.Module, x: Tensor, y: Tensor, rng: torch.Generator) -> dict[str, Tensor]:
+        if not x.is_floating_point():  # its scores differentiate the representation by the input: not by token ids
+            raise UnsupportedCase("soteria scores the representation by its derivative in the input pixels; this case's inputs are token ids")
         found = last_linear(model)
         if found is None:
             raise ValueError("soteria: the model has no nn.Linear layer (the representation is the input of the last one)")

@@ -175,3 +175,23 @@ def test_tag_recovers_the_text_in_its_order_from_the_causal_language_model():
     # A language model's targets are its own next tokens, so its gradient gives the order away too.
     _, e = _trial("tag", {"iterations": 100, "restarts": 1}, seed=0, model="text-lm")
     assert e["rougeL"] >= 0.9 and e["token_acc"] >= 0.9, e
+
+
+def test_every_built_in_defense_runs_on_a_text_batch_or_says_it_does_not_apply():
+    """A defense written for images (ATS's transforms, Soteria's derivative in the input pixels) is not applicable
+    to token ids, with its reason; it never fails the trial with torch's own error. The others run."""
+    from gleak.registry import list_plugins
+
+    statuses = {}
+    for name in list_plugins("defense"):
+        if name in ("cgd", "local-training", "secure-aggregation"):  # protocols, tested as protocols
+            continue
+        from gleak.trial import run_trial
+
+        c = CaseConfig(dataset="fortunes", model="text-classifier", seq_len=16)
+        row = run_trial(TrialConfig("text", "token-set", {}, name, {}, c, 0))
+        statuses[name] = row["status"]
+        assert row["status"] in ("ok", "not-applicable"), (name, row.get("error"))
+        if row["status"] == "not-applicable":
+            assert "token ids" in row["error"] or "text" in row["error"], (name, row["error"])
+    assert statuses["ats"] == statuses["soteria"] == "not-applicable" and statuses["noise"] == "ok", statuses
