@@ -270,11 +270,12 @@ def run(
         workers = max(1, usable_cores() // threads)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError(f"gleak.run: workers must be a number >= 1 or 'auto', got {workers!r}")
-    summary = run_suite(s, out, workers=workers, progress=progress, lpips_weights=lpips_weights, threads=threads,
-                        executor=executor, plugin_files=tuple(str(Path(f).resolve()) for f in plugins), device=device)  # fmt: skip
     from gleak.report import write_folder_reports as write_reports
 
-    write_reports(summary.out, s.name, s.description)  # as `gleak run` does once the run has stored everything
+    # The reports as `gleak run` writes them: once the run has stored everything, before it releases the folder.
+    summary = run_suite(s, out, workers=workers, progress=progress, lpips_weights=lpips_weights, threads=threads,
+                        executor=executor, plugin_files=tuple(str(Path(f).resolve()) for f in plugins), device=device,
+                        reports=lambda o: write_reports(o, s.name, s.description, locked=True))  # fmt: skip
     return RunResult(summary.out, summary.total, summary.skipped, summary.ran, summary.failed, results(summary.out))
 
 

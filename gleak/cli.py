@@ -68,6 +68,7 @@ def _parallelism(args: argparse.Namespace) -> int | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from gleak.report import write_folder_reports as write_reports
     from gleak.runner import run_suite
     from gleak.suite import find_suite, load_suite
 
@@ -102,11 +103,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         threads=args.threads, executor=args.executor, address=args.address,
         plugin_files=tuple(str(Path(f).resolve()) for f in args.plugin or ()), on_start=announce,
         in_process=args.in_process, trial_timeout=args.trial_timeout, force=args.force, device=args.device,
-        verbose=args.verbose,
-    )  # fmt: skip
-    from gleak.report import write_folder_reports as write_reports
-
-    write_reports(out, suite.name, suite.description)  # the run stored everything: now the reports, from the store
+        verbose=args.verbose, reports=lambda o: write_reports(o, suite.name, suite.description, locked=True),
+    )  # fmt: skip (the reports: once the run stored everything, from the store, before the run lets the folder go)
     dt = time.perf_counter() - t0
     print(
         f"gleak: {summary.ran} trials run, {summary.skipped} already stored, {summary.failed} failed, {dt:.1f} s",
@@ -132,11 +130,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from gleak import folder as owned
     from gleak.report import write_figures
 
-    from gleak.store import check_store
+    from gleak.store import check_store, holding_lock
 
-    owned.claim_results(args.dir, check_store).save()
-    figures = write_figures(args.dir)
-    owned.record(args.dir, [Path(args.dir) / rel for rel, _ in figures])
+    owned.claim_results(args.dir, check_store)  # read-only first: a folder gleak may not write gets no lock file
+    with holding_lock(args.dir):  # never while a run writes the folder
+        owned.claim_results(args.dir, check_store).save()
+        figures = write_figures(args.dir)
+        owned.record(args.dir, [Path(args.dir) / rel for rel, _ in figures])
     for rel, _ in figures:
         print(Path(args.dir) / rel)
     if not figures:
@@ -147,13 +147,16 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     from gleak.report import write_folder_reports as write_reports
 
-    if args.claims:
+    if not args.claims:
+        paths = write_reports(args.dir)  # under the folder's lock: refused while a run writes the folder
+    else:
         from gleak.folder import claim_results
-        from gleak.store import check_store
+        from gleak.store import check_store, holding_lock
 
         claim_results(args.dir, check_store)  # gleak's folder with readable results, before anything in it changes
-        _take_claims(Path(args.dir), args.claims)
-    paths = write_reports(args.dir)
+        with holding_lock(args.dir):
+            _take_claims(Path(args.dir), args.claims)
+            paths = write_reports(args.dir, locked=True)
     for p in paths.values():
         print(p)
     return EXIT_OK
@@ -183,9 +186,11 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     _check_lpips_env()
     metrics = parse_metrics(args.metrics)
     claim_results(args.dir, check_store)  # as `gleak leaderboard`: gleak's folder, no user's file where a report goes
-    n = rescore(args.dir, metrics, args.lpips_backbone)
+    paths = {}
+    # The reports under the lock that the rescoring holds: no run writes the folder in between.
+    n = rescore(args.dir, metrics, args.lpips_backbone, then=lambda: paths.update(write_reports(args.dir, locked=True)))
     print(f"gleak: rescored {', '.join(metrics)} of {n} trials from their stored reconstructions", file=sys.stderr)
-    for p in write_reports(args.dir).values():
+    for p in paths.values():
         print(p)
     return EXIT_OK
 

@@ -7,6 +7,7 @@ the aggregation and the documents stay importable from here.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -272,15 +273,21 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
     return paths
 
 
-def write_folder_reports(folder: str | Path, suite: str | None = None, description: str | None = None) -> dict[str, Path]:
+def write_folder_reports(folder: str | Path, suite: str | None = None, description: str | None = None, *,
+                         locked: bool = False) -> dict[str, Path]:
     """Write the folder's reports from its store (`write_reports`) and record them in its manifest (gleak.folder);
-    the folder must be gleak's (InputError otherwise, nothing written)."""
+    the folder must be gleak's (InputError otherwise, nothing written). Under the folder's lock: taken here (InputError,
+    nothing written, while a run holds it), or already held by the caller (locked=True: the run writing its own
+    reports before it lets the folder go)."""
     from gleak import folder as owned
+    from gleak.store import holding_lock
 
     folder = Path(folder)
-    m = owned.claim_results(folder, check_store)  # results gleak can read, gleak's folder, no user file where a report goes
-    m.add(owned.REPORT_FILES)
-    m.save()
-    paths = write_reports(folder, suite, description)
-    owned.record(folder, paths.values())
+    owned.claim_results(folder, check_store)  # read-only: a folder gleak may not write gets no lock file either
+    with contextlib.nullcontext() if locked else holding_lock(folder):
+        m = owned.claim_results(folder, check_store)  # again under the lock: what a run left meanwhile
+        m.add(owned.REPORT_FILES)
+        m.save()
+        paths = write_reports(folder, suite, description)
+        owned.record(folder, paths.values())
     return paths
