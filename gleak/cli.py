@@ -72,9 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gleak.runner import run_suite
     from gleak.suite import find_suite, load_suite
 
-    if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
-        raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
-    _check_lpips_env()
+    _check_lpips(args.lpips_backbone)
     workers = _parallelism(args)
     if args.device is not None:  # before anything starts: a device that is not here is one line
         from gleak.device import resolve
@@ -115,15 +113,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
-def _check_lpips_env() -> None:
-    """A named LPIPS backbone that is missing is bad input (exit 2 before anything runs), not a failure per trial."""
+def _check_lpips(flag: str | None) -> None:
+    """An LPIPS backbone that is named (--lpips-backbone, else $GLEAK_LPIPS_BACKBONE) must be AlexNet's weights: a
+    missing or wrong file is bad input (exit 2 before anything runs), not a failure of every trial."""
     import os
 
-    from gleak.metrics import LPIPS_ENV
+    from gleak.metrics import LPIPS_ENV, check_lpips_weights
 
+    if flag:
+        check_lpips_weights(flag, "--lpips-backbone")
+        return
     named = os.environ.get(LPIPS_ENV)
     if named and not Path(named).expanduser().is_file():
         raise InputError(f"${LPIPS_ENV} names {named}, which does not exist (unset it, or point it at alexnet-owt-7be5be79.pth)")
+    if named:
+        check_lpips_weights(named, f"${LPIPS_ENV}")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -181,9 +185,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     from gleak.store import check_store
     from gleak.reconstructions import parse_metrics, rescore
 
-    if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
-        raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
-    _check_lpips_env()
+    _check_lpips(args.lpips_backbone)
     metrics = parse_metrics(args.metrics)
     claim_results(args.dir, check_store)  # as `gleak leaderboard`: gleak's folder, no user's file where a report goes
     paths = {}
