@@ -280,8 +280,10 @@ class RunResult:
     @property
     def utility(self) -> pd.DataFrame | None:
         """utility.csv as a DataFrame, where the suite has a [utility] table."""
+        from gleak.documents.tables import unquoted
+
         path = self.out / "utility.csv"
-        return pd.read_csv(path) if path.is_file() else None
+        return unquoted(pd.read_csv(path)) if path.is_file() else None
 
     @property
     def figures(self) -> list[Path]:
@@ -406,6 +408,9 @@ def results(folder: str | Path, *, flatten: bool = True) -> pd.DataFrame:
         for c in _TEXT_COLUMNS:  # empty text cells as None, as the store gives them
             if c in df.columns:
                 df[c] = df[c].astype(object).where(df[c].notna(), None)
+        from gleak.documents.tables import unquoted
+
+        df = unquoted(df)  # a text cell that was quoted for spreadsheets (=, +, -, @ first) as it was stored
     else:
         raise InputError(f"{folder}: no results here (neither results.sqlite nor results.csv)")
     return flatten_params(df) if flatten else df

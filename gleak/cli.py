@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from gleak.errors import InputError
+from gleak.text import strip_controls
 
 EXIT_OK, EXIT_FAILED_TRIALS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -213,12 +214,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         names = sorted(n for n in table if fnmatch.fnmatch(n, args.pattern))
         width = max((len(n) for n in names), default=0)
         for n in names:
-            print(f"{n:<{width}}  {table[n]}")
+            print(strip_controls(f"{n:<{width}}  {table[n]}"))  # a plugin's summary is its text: no escape sequences
     elif what == "datasets":
         from gleak.data import list_datasets
 
         for n, s in list_datasets():
-            print(f"{n:<14} {s}")
+            print(strip_controls(f"{n:<14} {s}"))
     elif what == "suites":
         import tomllib
         from importlib import resources
@@ -229,7 +230,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         for name in sorted(files):
             meta = tomllib.loads(files[name].read_text()).get("suite", {})
             desc = (meta.get("description") or "").strip().splitlines()
-            print(f"{name[:-5]:<20} {desc[0] if desc else ''}")
+            print(strip_controls(f"{name[:-5]:<20} {desc[0] if desc else ''}"))  # a suite's text: no escape sequences
     else:
         raise InputError(f"gleak list: unknown {what!r} (attacks, defenses, protocols, models, datasets, suites)")
     return EXIT_OK
@@ -266,11 +267,12 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
             raise UnknownPluginError(f"unknown {' or '.join(kinds)} {target!r}{hint} (known: {', '.join(sorted(known))})")
     failed = 0
     for kind, name in pairs:
-        print(f"{kind} {name}:")
+        print(strip_controls(f"{kind} {name}:"))
         for c in check_plugin_isolated(kind, name, args.plugin_file, args.timeout):
             failed += not c.passed
             mark = "PASS" if c.passed else "FAIL"
-            print(f"  {mark}  {c.name}" + (f" ({c.detail})" if c.detail else ""))
+            # the detail quotes the plugin's own errors: its text, printed without escape sequences
+            print(strip_controls(f"  {mark}  {c.name}" + (f" ({c.detail})" if c.detail else "")))
     print("all checks passed" if not failed else f"{failed} check(s) failed")
     return EXIT_OK if not failed else EXIT_FAILED_TRIALS
 
@@ -335,7 +337,7 @@ def show_text(kind: str, name: str) -> str:
 
 def cmd_show(args: argparse.Namespace) -> int:
     _load_plugins(args.plugin)
-    print(show_text(args.kind, args.name))
+    print(strip_controls(show_text(args.kind, args.name)))  # the docstring and defaults are the plugin's text
     return EXIT_OK
 
 
@@ -352,7 +354,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         cols = ["case", "defense", "attack", "in", "trials_a", "trials_b", "psnr_a", "psnr_b", "d_psnr", "spread",
                 "label_acc_a", "label_acc_b", "d_label_acc"]  # fmt: skip
         print()
-        print(shown[cols].to_markdown(index=False, floatfmt=".3g"))
+        print(strip_controls(shown[cols].to_markdown(index=False, floatfmt=".3g")))
     elif len(both):
         print("every cell in both folders has the same aggregates")
     return EXIT_OK
@@ -432,12 +434,65 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _ClosedPipeQuiet:
+    """sys.stdout or sys.stderr for one command: when the reader goes away (`gleak list | head -1`: a broken pipe),
+    the rest of what the command prints goes nowhere, as with any command-line tool, and the command itself goes on
+    to its end and its own exit status: a run still stores every trial and writes every report. The descriptor is
+    pointed at /dev/null, so that Python's flush at exit finds no broken pipe either."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.broken = False
+
+    def _closed(self) -> None:
+        import os
+
+        self.broken = True
+        try:
+            fd = self._stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (a test's capture): dropped
+            pass
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._closed()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._closed()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ClosedPipeQuiet(out), _ClosedPipeQuiet(err)
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a reader gone before the last line: found here, not by Python's flush at exit
+        sys.stderr.flush()
+        return code
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except InputError as exc:
-        print(f"gleak: error: {exc}", file=sys.stderr)
+        print(f"gleak: error: {strip_controls(exc)}", file=sys.stderr)  # it may quote a plugin's or a file's text
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("gleak: interrupted; finished trials are stored, rerun to resume", file=sys.stderr)
