@@ -110,3 +110,43 @@ def test_a_foreign_out_is_refused_without_walking_it(tmp_path, monkeypatch):
         owned.claim(home, False, lambda f: False)
     with pytest.raises(InputError, match="not empty"):
         owned.claim(Path("/"), False, lambda f: False)
+
+
+def test_a_case_over_the_memory_bound_is_refused_before_any_data_is_built(tmp_path, monkeypatch):
+    """resolution 1024 at batch 64: one line naming the file, the table and the key, before a data set is loaded
+    (gleak.suite.MAX_ROUND_VALUES); the same case at batch 8 is within the bound."""
+    text = textwrap.dedent('''
+        [suite]
+        name = "mem"
+        seeds = [0]
+        [case]
+        dataset = "uniform"
+        model = "linear"
+        resolution = 1024
+        batch_size = BATCH
+        [[attack]]
+        name = "closed-form"
+        [[defense]]
+        name = "none"
+        [[grid]]
+        name = "big"
+        case = { resolution = 1024, batch_size = 64, channels = 1 }
+    ''')
+    loaded = []
+
+    def load(*a, **k):
+        loaded.append(a)
+        raise AssertionError("a data set was loaded before the memory bound was checked")
+
+    monkeypatch.setattr(suite, "_check_data", load)
+    (tmp_path / "mem.toml").write_text(text.replace("BATCH", "64").split("[[grid]]")[0])
+    with pytest.raises(InputError, match=r"mem\.toml: \[case\] key 'resolution': resolution 1024 x 1024 x 3 channels "
+                                         r"at batch_size 64 x 1 clients is 201,326,592 pixel values") as e:  # fmt: skip
+        suite.load_suite(tmp_path / "mem.toml")
+    assert "\n" not in str(e.value) and "33,554,432" in str(e.value) and not loaded
+    (tmp_path / "grid.toml").write_text(text.replace("resolution = 1024\n", "").replace("BATCH", "1"))
+    with pytest.raises(InputError, match=r"grid\.toml: \[grid #1 \(big\)\.case\] key 'resolution'.*67,108,864"):
+        suite.load_suite(tmp_path / "grid.toml")
+    assert suite.MAX_ROUND_VALUES == 2**25
+    within = suite.CaseConfig(dataset="uniform", model="linear", resolution=1024, batch_size=8, channels=3)
+    suite._check_memory([within], suite.Where(tmp_path / "x.toml"), "case")  # 25,165,824 values: within
