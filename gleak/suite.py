@@ -248,13 +248,27 @@ def _plugins(kind: str, entries: Any, where: _Where, table: str) -> list[tuple[s
         for point in grid:
             try:
                 full = registry.check_params(kind, name, point)
-                registry.create(kind, name, **point)  # the plugin's own value checks
+                _create_in_time(kind, name, point)  # the plugin's own value checks
             except registry.ParamError as exc:
                 raise where.error(t, exc.key, str(exc)) from None
             except InputError as exc:
                 raise where.error(t, None, str(exc)) from None
             out.append((name, full))
     return out
+
+
+def _create_in_time(kind: str, name: str, params: dict[str, Any]) -> Any:
+    """registry.create within the construction time limit (gleak.contract.init_timeout, 60 s unless
+    $GLEAK_PLUGIN_INIT_TIMEOUT says otherwise): a plugin whose __init__ hangs is one line naming it."""
+    from gleak.contract import ConstructionTimeout, INIT_TIMEOUT_ENV, construction_timeout, init_timeout
+
+    seconds = init_timeout()
+    try:
+        with construction_timeout(seconds):
+            return registry.create(kind, name, **params)
+    except ConstructionTimeout:
+        raise InputError(f"{kind} {name!r}: __init__ did not return within {seconds:g} s (a plugin's construction "
+                         f"must be quick; ${INIT_TIMEOUT_ENV} sets the limit)") from None
 
 
 def _current(raw: dict[str, Any], renamed: dict[str, str], where: _Where, table: str) -> dict[str, Any]:
@@ -304,7 +318,7 @@ def _protocol(case: CaseConfig, where: _Where, table: str) -> dict[str, Any]:
         raise where.error(table, "protocol", str(exc)) from None
     try:
         full = registry.check_params("protocol", name, case.protocol_params)
-        registry.create("protocol", name, **case.protocol_params)  # the plugin's own value checks
+        _create_in_time("protocol", name, case.protocol_params)  # the plugin's own value checks
     except registry.ParamError as exc:
         raise where.error(table, f"protocol_params.{exc.key}" if exc.key else "protocol_params", str(exc)) from None
     if case.update == "fedavg":
