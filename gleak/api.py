@@ -123,6 +123,43 @@ def _table(value: Any, kind: str) -> dict[str, Any]:
     raise InputError(f"gleak.run_trial: {kind} must be a name or a dict with 'name' and parameters, got {value!r}")
 
 
+# -- arguments checked at the call: one InputError naming the argument, never a TypeError from deep inside ---------
+MAX_SEED = 2**63  # a trial's seed is stored as SQLite's 64-bit INTEGER (as a suite's seeds are checked)
+
+
+def _whole(value: Any, name: str, lo: int, hi: int | None = None) -> int:
+    """`value` as an int in [lo, hi); InputError naming the argument otherwise (a bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{name} must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value >= hi):
+        raise InputError(f"{name} must be " + (f"in [{lo}, 2**63)" if hi == MAX_SEED else f">= {lo}") + f", got {value}")
+    return value
+
+
+def _folder_arg(value: Any, name: str) -> Path:
+    if isinstance(value, bool) or not isinstance(value, (str, Path)) or not str(value) or "\0" in str(value):
+        raise InputError(f"{name} must be a folder's path (str or pathlib.Path), got {value!r}")
+    return Path(value)
+
+
+def _lpips_arg(value: Any, name: str) -> str | None:
+    """None, or the path of an AlexNet weights file that torch can read (gleak.metrics.check_lpips_weights)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, Path)):
+        raise InputError(f"{name} must be the path of an AlexNet weights file, got {value!r}")
+    from gleak.metrics import check_lpips_weights
+
+    check_lpips_weights(str(value), name)
+    return str(value)
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def _with_protocol(spec: dict[str, Any], protocol: Any) -> dict[str, Any]:
     """The one place that passes `protocol=` to the suite's expansion: the case's `protocol` and `protocol_params`.
     A protocol with the `none` transform that is also registered as a defense is then spelt as the shipped suites
@@ -142,8 +179,7 @@ def trial_config(attack: Any, defense: Any = "none", protocol: Any = None, seed:
     validated, the data set checked), so that its trial_id is the suite's. Raises InputError on bad input."""
     from gleak import suite as _suite
 
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InputError(f"gleak.run_trial: seed must be an integer, got {seed!r}")
+    _whole(seed, "gleak.run_trial: seed", 0, MAX_SEED)  # as a suite's seeds: [0, 2**63)
     spec = _with_protocol({"case": case, "attack": [_table(attack, "attack")], "defense": [_table(defense, "defense")]},
                           protocol)  # fmt: skip
     trials = _suite.expand_grid(spec, _suite.Where(Path("gleak.run_trial")), "suite", API_SUITE, [seed])
@@ -173,12 +209,27 @@ def run_trial(
     threads: torch threads during the trial (1, the default of `gleak run`, gives the suite's bit-identical
     numbers; None leaves torch's setting). device: auto, cpu, cuda or cuda:N (gleak.device; not part of the trial
     id, recorded in result.extra["device"]). check: raise TrialFailed when the trial fails (UnsupportedCase when it is
-    not applicable: status "not-applicable"), else return the result with its row."""
+    not applicable: status "not-applicable"), else return the result with its row.
+
+    Raises, before anything runs: gleak.InputError (one line naming the argument) for a bad argument (config not a
+    TrialConfig, a seed outside [0, 2**63), threads not a whole number >= 1, an lpips_weights file that is missing
+    or not a weights file, an unknown device or case key), gleak.UnknownPluginError (an InputError) for a name that
+    is not registered. After the trial: TrialFailed or UnsupportedCase (with check=True)."""
     import torch
 
     from gleak.device import resolve
     from gleak.trial import run_trial as _run_trial
 
+    if config is not None and not isinstance(config, TrialConfig):
+        hint = f" (to run the attack {config!r}: run_trial(attack={config!r}))" if isinstance(config, str) else ""
+        raise InputError(f"gleak.run_trial: config must be a gleak.config.TrialConfig, got {type(config).__name__} "
+                         f"{str(config)[:40]!r}{hint}")  # fmt: skip
+    if threads is not None:
+        _whole(threads, "gleak.run_trial: threads", 1)
+    _flag(check, "gleak.run_trial: check")
+    if not isinstance(device, str):
+        raise InputError(f"gleak.run_trial: device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    lpips_weights = _lpips_arg(lpips_weights, "gleak.run_trial: lpips_weights")
     device = resolve(device, "gleak.run_trial: device")
     if config is None:
         if attack is None:
@@ -229,8 +280,10 @@ class RunResult:
     @property
     def utility(self) -> pd.DataFrame | None:
         """utility.csv as a DataFrame, where the suite has a [utility] table."""
+        from gleak.documents.tables import unquoted
+
         path = self.out / "utility.csv"
-        return pd.read_csv(path) if path.is_file() else None
+        return unquoted(pd.read_csv(path)) if path.is_file() else None
 
     @property
     def figures(self) -> list[Path]:
@@ -252,12 +305,28 @@ def run(
     """Run a suite as `gleak run` does (validated first, stored trials skipped, reports written) and return a
     RunResult. suite: a path, a shipped suite's name (default quick) or a gleak.suite.Suite; out: the output folder
     (default results/<suite name>/, as on the command line); workers: local processes, or 'auto'; device: as
-    `gleak run --device` (None: the suite's [suite] device, else cpu)."""
+    `gleak run --device` (None: the suite's [suite] device, else cpu).
+
+    Raises, before the folder is touched: gleak.InputError (one line naming the argument or the file) for a bad
+    argument (threads or workers not a whole number >= 1, an unknown executor, an lpips_weights file that is missing
+    or not a weights file, an out that is not a path, plugins not a list of files) and for a bad suite, plugin or
+    output folder, as `gleak run` exits 2 for them."""
     from gleak.registry import load_plugin_file
-    from gleak.runner import run_suite
+    from gleak.runner import EXECUTORS, run_suite
     from gleak.suite import Suite, find_suite, load_suite
     from gleak.workers import usable_cores
 
+    _whole(threads, "gleak.run: threads", 1)
+    if executor not in EXECUTORS:
+        raise InputError(f"gleak.run: executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    _flag(progress, "gleak.run: progress")
+    if isinstance(plugins, (str, Path)) or not all(isinstance(f, (str, Path)) for f in plugins):
+        raise InputError(f"gleak.run: plugins must be a list of plugin files, got {plugins!r}")
+    if out is not None:
+        out = _folder_arg(out, "gleak.run: out")
+    if not (suite is None or isinstance(suite, (str, Path, Suite))):
+        raise InputError(f"gleak.run: suite must be a suite file, a shipped suite's name or a gleak.suite.Suite, got {suite!r}")
+    lpips_weights = _lpips_arg(lpips_weights, "gleak.run: lpips_weights")
     if device is not None:  # named as the Python argument, not as the command line's --device
         from gleak.device import resolve
 
@@ -270,11 +339,12 @@ def run(
         workers = max(1, usable_cores() // threads)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError(f"gleak.run: workers must be a number >= 1 or 'auto', got {workers!r}")
-    summary = run_suite(s, out, workers=workers, progress=progress, lpips_weights=lpips_weights, threads=threads,
-                        executor=executor, plugin_files=tuple(str(Path(f).resolve()) for f in plugins), device=device)  # fmt: skip
     from gleak.report import write_folder_reports as write_reports
 
-    write_reports(summary.out, s.name, s.description)  # as `gleak run` does once the run has stored everything
+    # The reports as `gleak run` writes them: once the run has stored everything, before it releases the folder.
+    summary = run_suite(s, out, workers=workers, progress=progress, lpips_weights=lpips_weights, threads=threads,
+                        executor=executor, plugin_files=tuple(str(Path(f).resolve()) for f in plugins), device=device,
+                        reports=lambda o: write_reports(o, s.name, s.description, locked=True))  # fmt: skip
     return RunResult(summary.out, summary.total, summary.skipped, summary.ran, summary.failed, results(summary.out))
 
 
@@ -316,11 +386,16 @@ def flatten_params(df: pd.DataFrame) -> pd.DataFrame:
 def results(folder: str | Path, *, flatten: bool = True) -> pd.DataFrame:
     """The trials of an output folder as a DataFrame: results.csv's columns (DESIGN.md), then with flatten one
     column per plugin parameter and case key (see flatten_params). Reads the store (results.sqlite) where there is
-    one, so that it is current during a run; else results.csv (the published folders of a fresh clone)."""
+    one, so that it is current during a run; else results.csv (the published folders of a fresh clone).
+
+    Raises gleak.InputError (one line naming the folder or the file) when `folder` is not a path, holds no results,
+    or its store or results.csv is damaged or not gleak's (nothing in the folder is changed)."""
     from gleak.report import results_frame
     from gleak.store import CSV_COLUMNS, Store
+    from gleak.stored import check_committed
 
-    folder = Path(folder)
+    folder = _folder_arg(folder, "gleak.results: folder")
+    _flag(flatten, "gleak.results: flatten")
     if Store.exists(folder):
         store = Store.open_existing(folder)
         try:
@@ -328,10 +403,14 @@ def results(folder: str | Path, *, flatten: bool = True) -> pd.DataFrame:
         finally:
             store.close()
     elif (folder / "results.csv").is_file():
+        check_committed(folder)  # a binary or edited results.csv: one line, not a decoder's traceback
         df = pd.read_csv(folder / "results.csv", dtype={c: str for c in _TEXT_COLUMNS})  # ids stay text
         for c in _TEXT_COLUMNS:  # empty text cells as None, as the store gives them
             if c in df.columns:
                 df[c] = df[c].astype(object).where(df[c].notna(), None)
+        from gleak.documents.tables import unquoted
+
+        df = unquoted(df)  # a text cell that was quoted for spreadsheets (=, +, -, @ first) as it was stored
     else:
         raise InputError(f"{folder}: no results here (neither results.sqlite nor results.csv)")
     return flatten_params(df) if flatten else df

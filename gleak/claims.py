@@ -37,7 +37,7 @@ from typing import Any
 
 import pandas as pd
 
-from gleak.documents.cells import params_text
+from gleak.documents.cells import data, params_text
 
 LEAKING = ("partial", "recovered")
 VERDICTS = ("holds", "falls", "not reproduced", "inconclusive", "not run")
@@ -253,7 +253,7 @@ def claim_blocks(claims: list[dict[str, Any]], agg: pd.DataFrame, df: pd.DataFra
         deciding = j["plain"] if j["plain"] is not None else j["adaptive"]
         twin = _twin_of(deciding, j["twin"], j["here"]) if deciding is not None else None
         twin_text = evidence_text(twin) if twin is not None else "-"
-        rows.append([claim["source"], claim["claim"], claim.get("setting") or "not stated", claim["expect"],
+        rows.append([data(claim["source"]), data(claim["claim"]), data(claim.get("setting") or "not stated"), data(claim["expect"]),
                      f"{j['verdict']}: {j['why']}", evidence_text(j["plain"]), evidence_text(j["adaptive"]), twin_text,
                      best_image(deciding, df) or "-", elsewhere_text(j) or "-"])  # fmt: skip
     header = ["source", "claim", "setting (the paper's)", "expects", "claim verdict", "evidence: attack ignoring the defense",
@@ -291,9 +291,9 @@ def dp_bound_blocks(df: pd.DataFrame, agg: pd.DataFrame) -> list[tuple]:
                 kappas[ds_name] = None
         k = kappas[ds_name]
         bound = reconstruction_bound(eps, delta, k[0]) if k else None
-        rows.append([d, params_text(dp, "defense", d), f"{eps:.3g}", f"{delta:g}",
+        rows.append([data(d), data(params_text(dp, "defense", d)), f"{eps:.3g}", f"{delta:g}",
                      f"{k[0]:.3f} ({k[1]:.3f} attained)" if k else "unavailable", f"{bound:.3g}" if bound is not None else "",
-                     str(best["attack"]) if best is not None else "", f"{best['psnr']:.2f}" if best is not None else "",
+                     data(best["attack"]) if best is not None else "", f"{best['psnr']:.2f}" if best is not None else "",
                      f"{best['recovered']:.0%}" if best is not None and best.get("recovered") is not None else ""])  # fmt: skip
     intro = ("No attack can beat a differential-privacy guarantee: Balle, Cherubin & Hayes (IEEE S&P 2022, "
              "Theorem 2) bound the probability that any attack reconstructs an example of an (epsilon, delta)-DP "

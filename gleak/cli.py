@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from gleak.errors import InputError
+from gleak.escaping import strip_controls
 
 EXIT_OK, EXIT_FAILED_TRIALS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -68,12 +69,11 @@ def _parallelism(args: argparse.Namespace) -> int | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from gleak.report import write_folder_reports as write_reports
     from gleak.runner import run_suite
     from gleak.suite import find_suite, load_suite
 
-    if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
-        raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
-    _check_lpips_env()
+    _check_lpips(args.lpips_backbone)
     workers = _parallelism(args)
     if args.device is not None:  # before anything starts: a device that is not here is one line
         from gleak.device import resolve
@@ -102,11 +102,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         threads=args.threads, executor=args.executor, address=args.address,
         plugin_files=tuple(str(Path(f).resolve()) for f in args.plugin or ()), on_start=announce,
         in_process=args.in_process, trial_timeout=args.trial_timeout, force=args.force, device=args.device,
-        verbose=args.verbose,
-    )  # fmt: skip
-    from gleak.report import write_folder_reports as write_reports
-
-    write_reports(out, suite.name, suite.description)  # the run stored everything: now the reports, from the store
+        verbose=args.verbose, reports=lambda o: write_reports(o, suite.name, suite.description, locked=True),
+    )  # fmt: skip (the reports: once the run stored everything, from the store, before the run lets the folder go)
     dt = time.perf_counter() - t0
     print(
         f"gleak: {summary.ran} trials run, {summary.skipped} already stored, {summary.failed} failed, {dt:.1f} s",
@@ -117,26 +114,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
-def _check_lpips_env() -> None:
-    """A named LPIPS backbone that is missing is bad input (exit 2 before anything runs), not a failure per trial."""
+def _check_lpips(flag: str | None) -> None:
+    """An LPIPS backbone that is named (--lpips-backbone, else $GLEAK_LPIPS_BACKBONE) must be AlexNet's weights: a
+    missing or wrong file is bad input (exit 2 before anything runs), not a failure of every trial."""
     import os
 
-    from gleak.metrics import LPIPS_ENV
+    from gleak.metrics import LPIPS_ENV, check_lpips_weights
 
+    if flag:
+        check_lpips_weights(flag, "--lpips-backbone")
+        return
     named = os.environ.get(LPIPS_ENV)
     if named and not Path(named).expanduser().is_file():
         raise InputError(f"${LPIPS_ENV} names {named}, which does not exist (unset it, or point it at alexnet-owt-7be5be79.pth)")
+    if named:
+        check_lpips_weights(named, f"${LPIPS_ENV}")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from gleak import folder as owned
     from gleak.report import write_figures
 
-    from gleak.store import check_store
+    from gleak.store import check_store, holding_lock
 
-    owned.claim_results(args.dir, check_store).save()
-    figures = write_figures(args.dir)
-    owned.record(args.dir, [Path(args.dir) / rel for rel, _ in figures])
+    owned.claim_results(args.dir, check_store)  # read-only first: a folder gleak may not write gets no lock file
+    with holding_lock(args.dir):  # never while a run writes the folder
+        owned.claim_results(args.dir, check_store).save()
+        figures = write_figures(args.dir)
+        owned.record(args.dir, [Path(args.dir) / rel for rel, _ in figures])
     for rel, _ in figures:
         print(Path(args.dir) / rel)
     if not figures:
@@ -147,13 +152,16 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     from gleak.report import write_folder_reports as write_reports
 
-    if args.claims:
+    if not args.claims:
+        paths = write_reports(args.dir)  # under the folder's lock: refused while a run writes the folder
+    else:
         from gleak.folder import claim_results
-        from gleak.store import check_store
+        from gleak.store import check_store, holding_lock
 
         claim_results(args.dir, check_store)  # gleak's folder with readable results, before anything in it changes
-        _take_claims(Path(args.dir), args.claims)
-    paths = write_reports(args.dir)
+        with holding_lock(args.dir):
+            _take_claims(Path(args.dir), args.claims)
+            paths = write_reports(args.dir, locked=True)
     for p in paths.values():
         print(p)
     return EXIT_OK
@@ -178,14 +186,14 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     from gleak.store import check_store
     from gleak.reconstructions import parse_metrics, rescore
 
-    if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
-        raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
-    _check_lpips_env()
+    _check_lpips(args.lpips_backbone)
     metrics = parse_metrics(args.metrics)
     claim_results(args.dir, check_store)  # as `gleak leaderboard`: gleak's folder, no user's file where a report goes
-    n = rescore(args.dir, metrics, args.lpips_backbone)
+    paths = {}
+    # The reports under the lock that the rescoring holds: no run writes the folder in between.
+    n = rescore(args.dir, metrics, args.lpips_backbone, then=lambda: paths.update(write_reports(args.dir, locked=True)))
     print(f"gleak: rescored {', '.join(metrics)} of {n} trials from their stored reconstructions", file=sys.stderr)
-    for p in write_reports(args.dir).values():
+    for p in paths.values():
         print(p)
     return EXIT_OK
 
@@ -206,12 +214,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         names = sorted(n for n in table if fnmatch.fnmatch(n, args.pattern))
         width = max((len(n) for n in names), default=0)
         for n in names:
-            print(f"{n:<{width}}  {table[n]}")
+            print(strip_controls(f"{n:<{width}}  {table[n]}"))  # a plugin's summary is its text: no escape sequences
     elif what == "datasets":
         from gleak.data import list_datasets
 
         for n, s in list_datasets():
-            print(f"{n:<14} {s}")
+            print(strip_controls(f"{n:<14} {s}"))
     elif what == "suites":
         import tomllib
         from importlib import resources
@@ -222,7 +230,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         for name in sorted(files):
             meta = tomllib.loads(files[name].read_text()).get("suite", {})
             desc = (meta.get("description") or "").strip().splitlines()
-            print(f"{name[:-5]:<20} {desc[0] if desc else ''}")
+            print(strip_controls(f"{name[:-5]:<20} {desc[0] if desc else ''}"))  # a suite's text: no escape sequences
     else:
         raise InputError(f"gleak list: unknown {what!r} (attacks, defenses, protocols, models, datasets, suites)")
     return EXIT_OK
@@ -259,11 +267,12 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
             raise UnknownPluginError(f"unknown {' or '.join(kinds)} {target!r}{hint} (known: {', '.join(sorted(known))})")
     failed = 0
     for kind, name in pairs:
-        print(f"{kind} {name}:")
+        print(strip_controls(f"{kind} {name}:"))
         for c in check_plugin_isolated(kind, name, args.plugin_file, args.timeout):
             failed += not c.passed
             mark = "PASS" if c.passed else "FAIL"
-            print(f"  {mark}  {c.name}" + (f" ({c.detail})" if c.detail else ""))
+            # the detail quotes the plugin's own errors: its text, printed without escape sequences
+            print(strip_controls(f"  {mark}  {c.name}" + (f" ({c.detail})" if c.detail else "")))
     print("all checks passed" if not failed else f"{failed} check(s) failed")
     return EXIT_OK if not failed else EXIT_FAILED_TRIALS
 
@@ -328,7 +337,7 @@ def show_text(kind: str, name: str) -> str:
 
 def cmd_show(args: argparse.Namespace) -> int:
     _load_plugins(args.plugin)
-    print(show_text(args.kind, args.name))
+    print(strip_controls(show_text(args.kind, args.name)))  # the docstring and defaults are the plugin's text
     return EXIT_OK
 
 
@@ -345,7 +354,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         cols = ["case", "defense", "attack", "in", "trials_a", "trials_b", "psnr_a", "psnr_b", "d_psnr", "spread",
                 "label_acc_a", "label_acc_b", "d_label_acc"]  # fmt: skip
         print()
-        print(shown[cols].to_markdown(index=False, floatfmt=".3g"))
+        print(strip_controls(shown[cols].to_markdown(index=False, floatfmt=".3g")))
     elif len(both):
         print("every cell in both folders has the same aggregates")
     return EXIT_OK
@@ -425,12 +434,65 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _ClosedPipeQuiet:
+    """sys.stdout or sys.stderr for one command: when the reader goes away (`gleak list | head -1`: a broken pipe),
+    the rest of what the command prints goes nowhere, as with any command-line tool, and the command itself goes on
+    to its end and its own exit status: a run still stores every trial and writes every report. The descriptor is
+    pointed at /dev/null, so that Python's flush at exit finds no broken pipe either."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.broken = False
+
+    def _closed(self) -> None:
+        import os
+
+        self.broken = True
+        try:
+            fd = self._stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (a test's capture): dropped
+            pass
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._closed()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._closed()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ClosedPipeQuiet(out), _ClosedPipeQuiet(err)
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a reader gone before the last line: found here, not by Python's flush at exit
+        sys.stderr.flush()
+        return code
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except InputError as exc:
-        print(f"gleak: error: {exc}", file=sys.stderr)
+        print(f"gleak: error: {strip_controls(exc)}", file=sys.stderr)  # it may quote a plugin's or a file's text
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("gleak: interrupted; finished trials are stored, rerun to resume", file=sys.stderr)

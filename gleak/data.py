@@ -313,15 +313,70 @@ def _square_crop(img: Tensor) -> Tensor:
     return img[..., top : top + side, left : left + side]
 
 
+def _folder_images(class_dir: Path, top: Path, name: str, extensions: tuple[str, ...]) -> list[str]:
+    """The image files under one class folder, in torchvision's order (folders sorted by path, files by name), each
+    counted once and in the class where it lies: a link is followed only to a folder or file inside this class
+    folder, and a folder only once (a link loop, or two links to one folder, adds nothing; a file reached twice is
+    one image); a link to elsewhere in the data set (another class, the other split, the top) adds nothing, its
+    images count where they are. A link whose target lies outside the data set's folder `top` is InputError naming
+    it: the data set is the folder's own images (torchvision's ImageFolder follows every link, so a loop
+    multiplied the images, silently)."""
+    walked: list[tuple[str, list[str]]] = []
+    seen_dirs: set[str] = set()
+    home = os.path.realpath(class_dir)
+
+    def outside(link: str) -> InputError:
+        return InputError(f"dataset {name!r}: {link} is a symbolic link out of the folder ({os.path.realpath(link)}); "
+                          f"copy the images in, or point the data set at the folder that holds them")  # fmt: skip
+
+    def walk(d: str) -> None:
+        real = os.path.realpath(d)
+        if real in seen_dirs:
+            return
+        seen_dirs.add(real)
+        with os.scandir(d) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        files = []
+        for e in entries:
+            if e.is_symlink():
+                target = os.path.realpath(e.path)
+                if not _inside(target, top):
+                    raise outside(e.path)
+                if not _inside(target, Path(home)):
+                    continue  # elsewhere in the data set: counted where it lies
+            if e.is_dir():  # a linked folder inside the data set too, once
+                walk(e.path)
+            elif e.is_file():
+                files.append(e.name)
+        walked.append((d, files))
+
+    walk(str(class_dir))
+    out, seen_files = [], set()
+    for d, files in sorted(walked):
+        for f in sorted(files):
+            path = os.path.join(d, f)
+            real = os.path.realpath(path)
+            if real not in seen_files and path.lower().endswith(extensions):
+                seen_files.add(real)
+                out.append(path)
+    return out
+
+
+def _inside(real: str, top: Path) -> bool:
+    return real == str(top) or real.startswith(str(top) + os.sep)
+
+
 @register_dataset("folder:PATH", "an image folder: one sub-folder per class (searched recursively), PATH/train/ and "
                   "PATH/test/ as the splits where present; own size unless resolution is set")  # fmt: skip
 def _load_folder(req: DataRequest) -> Loaded:
     from torchvision import datasets, transforms
+    from torchvision.datasets.folder import IMG_EXTENSIONS
 
     path = Path(req.arg or "").expanduser()
     name = f"folder:{req.arg}"
     if not path.is_dir():
         raise DatasetMissing(f"dataset {name!r}: no such folder")
+    top = Path(os.path.realpath(path))  # links are judged against where the folder really is
     split_roots = (path / "train").is_dir() and (path / "test").is_dir()
     steps: list[Callable] = [transforms.ToTensor()]  # PIL image (converted to RGB) -> float (C, H, W) in [0, 1]
     if req.resolution is not None:  # only when asked: centre square, then one antialiased resize
@@ -332,6 +387,22 @@ def _load_folder(req: DataRequest) -> Loaded:
         class Folder(datasets.ImageFolder):
             def find_classes(self, directory):  # the test split takes the train split's class indices
                 return super().find_classes(directory) if classes is None else (sorted(classes), classes)
+
+            def make_dataset(self, directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
+                # each image once, links out of the folder refused: _folder_images (torchvision follows every link)
+                exts = tuple(e.lower() for e in (extensions or IMG_EXTENSIONS))
+                samples = []
+                for cls in sorted(class_to_idx):
+                    d = Path(directory) / cls
+                    if d.is_symlink() and not _inside(os.path.realpath(d), top):
+                        raise InputError(f"dataset {name!r}: {d} is a symbolic link out of the folder "
+                                         f"({os.path.realpath(d)}); copy the images in, or point the data set at "
+                                         f"the folder that holds them")  # fmt: skip
+                    if d.is_dir():
+                        samples += [(f, class_to_idx[cls]) for f in _folder_images(d, top, name, exts)]
+                if not samples and not allow_empty:
+                    raise FileNotFoundError(f"Found no valid file for the classes {', '.join(sorted(class_to_idx))}")
+                return samples
 
         try:
             ds = Folder(str(root), transform=tf, allow_empty=classes is not None)

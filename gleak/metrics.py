@@ -45,6 +45,8 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from gleak.errors import InputError
+
 # Verdict bands of DLG Fig. 6 as used in the closed-form notes: MSE below 0.03 recovered, below 0.2 partial, else defended.
 RECOVERED_MSE = 0.03
 PARTIAL_MSE = 0.2
@@ -231,6 +233,31 @@ def alexnet_weights_path(explicit: str | os.PathLike | None = None) -> Path | No
         return p
     hub = Path(torch.hub.get_dir()) / "checkpoints" / _ALEXNET_FILE
     return hub if hub.is_file() else None
+
+
+def check_lpips_weights(path: str | os.PathLike, name: str) -> None:
+    """InputError (one line naming `name`, the flag or variable that gave the file) unless `path` is a file that
+    torch reads as AlexNet's state dict (every key of torchvision's AlexNet, each of its shape): checked once
+    before any trial runs, so that a wrong file is one line and not a failure of every trial."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise InputError(f"{name}: {path} not found")
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - random bytes, a truncated zip, a pickle of other objects: all one line
+        raise InputError(f"{name}: {path} is not a weights file torch can read ({type(exc).__name__}); "
+                         f"it must be torchvision's {_ALEXNET_FILE}") from None  # fmt: skip
+    import torchvision
+
+    with torch.device("meta"):  # the shapes only: nothing allocated
+        want = {k: tuple(v.shape) for k, v in torchvision.models.alexnet().state_dict().items()}
+    if not isinstance(state, dict):
+        raise InputError(f"{name}: {path} holds a {type(state).__name__}, not AlexNet's state dict ({_ALEXNET_FILE})")
+    for key, shape in want.items():
+        got = state.get(key)
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape or not got.is_floating_point():
+            what = "missing" if got is None else f"of shape {tuple(getattr(got, 'shape', ()))}, not {shape}"
+            raise InputError(f"{name}: {path} is not AlexNet's state dict ({_ALEXNET_FILE}): {key} is {what}")
 
 
 @lru_cache(maxsize=2)

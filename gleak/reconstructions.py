@@ -129,8 +129,9 @@ def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[s
     return out
 
 
-def rescore(folder: str | Path, metrics: list[str], lpips_weights: str | None = None) -> int:
-    """Recompute `metrics` of every stored reconstruction in FOLDER's store, under its lock; returns how many."""
+def rescore(folder: str | Path, metrics: list[str], lpips_weights: str | None = None, then=None) -> int:
+    """Recompute `metrics` of every stored reconstruction in FOLDER's store, under its lock; returns how many.
+    then(): called still under the lock once the scores are stored (`gleak rescore` writes the reports there)."""
     from gleak.store import Store, release_lock, take_lock
 
     folder = Path(folder)
@@ -142,7 +143,7 @@ def rescore(folder: str | Path, metrics: list[str], lpips_weights: str | None = 
             unpack(blob, trial_id)
     finally:
         store.close()
-    lock = take_lock(folder)
+    lock = take_lock(folder, "wait for it to finish, then rescore")
     try:
         store = Store(folder)
         try:
@@ -151,6 +152,8 @@ def rescore(folder: str | Path, metrics: list[str], lpips_weights: str | None = 
             store.update_scores(rows)
         finally:
             store.close()
+        if then is not None:
+            then()
     finally:
-        release_lock(lock)
+        release_lock(lock, tidy=True)  # a lock file it had to create (a fresh clone's folder) goes again
     return len(rows)

@@ -7,6 +7,7 @@ the aggregation and the documents stay importable from here.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -23,7 +24,7 @@ from gleak.aggregate import as_float
 from gleak.attribution import undefended_baseline
 from gleak.claims import folder_claims, with_claims
 from gleak.documents import tables
-from gleak.documents.cells import attack_label, defense_label
+from gleak.documents.cells import attack_label, data, defense_label
 from gleak.documents.html import render_html
 from gleak.documents.leaderboard import attack_defense_matrix, leaderboard_document, leaderboard_notes  # noqa: F401
 from gleak.documents.markdown import md_escape, md_table, render_markdown  # noqa: F401
@@ -90,10 +91,10 @@ def _load_committed(folder: Path) -> dict[str, Any]:
     for c in CSV_COLUMNS:
         if c not in df.columns:
             df[c] = None
-    df = df.astype(object).where(df.notna(), None)
+    df = tables.unquoted(df.astype(object).where(df.notna(), None))  # the text as stored (a formula-like cell quoted)
     for c in ("mse", "psnr", "ssim", "lpips", "label_acc", "cosine", "grad_dist", "seconds", "matched", "batch_size", "seed"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
-    utility = pd.read_csv(folder / "utility.csv") if (folder / "utility.csv").is_file() else None
+    utility = tables.unquoted(pd.read_csv(folder / "utility.csv")) if (folder / "utility.csv").is_file() else None
     cfg = meta.get("utility_config")
     rule = meta.get("verdict", "margin")
     return {"df": apply_verdicts(df, rule), "utility": utility, "rule": rule,
@@ -126,7 +127,7 @@ def _grid_figures(df: pd.DataFrame, folder: Path, fig_dir: Path, vd: dict, va: d
         name = f"reconstructions_{_slug('_'.join(str(k) for k in case_key if k != ''))}.png"
         title = f"Reconstructions, {case}, seed {int(g['seed'].min())}"
         add(fg.reconstruction_grid(cells, folder / "images", fig_dir / name, title),
-            f"Reconstructions per attack (columns) and defense (rows), {case}.")
+            f"Reconstructions per attack (columns) and defense (rows), {data(case)}.")
 
 
 def _worst_per_config(agg: pd.DataFrame, va: dict) -> pd.DataFrame:
@@ -169,8 +170,8 @@ def _strength_figures(agg: pd.DataFrame, utility: pd.DataFrame | None, fig_dir: 
         path = fig_dir / f"strength_{_slug(name)}_{_slug(key)}.png"
         add(fg.strength_figure(pd.DataFrame(lines), pd.DataFrame(accs) if accs else None, baselines, key, path,
                                f"{name}: each metric against {key}"),
-            f"{name}: the best attack result (worst case over cases; median PSNR and MSE, mean SSIM, LPIPS and label "
-            f"accuracy; bars: ± one standard deviation over seeds) and the test accuracy against {key}, one line per attack.")  # fmt: skip
+            f"{data(name)}: the best attack result (worst case over cases; median PSNR and MSE, mean SSIM, LPIPS and label "
+            f"accuracy; bars: ± one standard deviation over seeds) and the test accuracy against {data(key)}, one line per attack.")  # fmt: skip
 
 
 def _frontier_figures(dr: pd.DataFrame, utility: pd.DataFrame | None, fig_dir: Path, vd: dict, add: Any) -> None:
@@ -246,7 +247,7 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
     _write_text(folder / META_JSON, json.dumps(meta, indent=1, sort_keys=True) + "\n")  # what a clone rebuilds from
     paths[META_JSON] = folder / META_JSON
     if utility is not None:
-        _write_text(folder / "utility.csv", utility.to_csv(index=False))
+        _write_text(folder / "utility.csv", tables.csv_text(utility))
         paths["utility.csv"] = folder / "utility.csv"
     else:
         from gleak.folder import remove_owned
@@ -272,15 +273,21 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
     return paths
 
 
-def write_folder_reports(folder: str | Path, suite: str | None = None, description: str | None = None) -> dict[str, Path]:
+def write_folder_reports(folder: str | Path, suite: str | None = None, description: str | None = None, *,
+                         locked: bool = False) -> dict[str, Path]:
     """Write the folder's reports from its store (`write_reports`) and record them in its manifest (gleak.folder);
-    the folder must be gleak's (InputError otherwise, nothing written)."""
+    the folder must be gleak's (InputError otherwise, nothing written). Under the folder's lock: taken here (InputError,
+    nothing written, while a run holds it), or already held by the caller (locked=True: the run writing its own
+    reports before it lets the folder go)."""
     from gleak import folder as owned
+    from gleak.store import holding_lock
 
     folder = Path(folder)
-    m = owned.claim_results(folder, check_store)  # results gleak can read, gleak's folder, no user file where a report goes
-    m.add(owned.REPORT_FILES)
-    m.save()
-    paths = write_reports(folder, suite, description)
-    owned.record(folder, paths.values())
+    owned.claim_results(folder, check_store)  # read-only: a folder gleak may not write gets no lock file either
+    with contextlib.nullcontext() if locked else holding_lock(folder):
+        m = owned.claim_results(folder, check_store)  # again under the lock: what a run left meanwhile
+        m.add(owned.REPORT_FILES)
+        m.save()
+        paths = write_reports(folder, suite, description)
+        owned.record(folder, paths.values())
     return paths

@@ -202,10 +202,9 @@ def suite_device(suite: Suite, device: str | None = None) -> str:
     return "cpu"
 
 
-def _claim_and_lock(out: Path, suite: Suite, force: bool, stack: contextlib.ExitStack) -> Any:
-    """Read-only checks first (the folder is gleak's or empty, its store is gleak's, it holds no other suite's
-    results), then the lock (released by `stack`): a second run on the folder stops there, having changed nothing.
-    Returns the folder's manifest, read again under the lock (what another run left meanwhile)."""
+def _claim(out: Path, suite: Suite, force: bool) -> None:
+    """Read-only checks (the folder is gleak's or empty, its store is gleak's, it holds no other suite's results):
+    a run that may not write the folder stops here, having changed nothing."""
     from gleak import folder as owned
 
     check_unlocked(out)  # a run creating its files right now: say so, rather than "not a gleak folder"
@@ -214,8 +213,18 @@ def _claim_and_lock(out: Path, suite: Suite, force: bool, stack: contextlib.Exit
     if held is not None and held != suite.name and not force:
         raise InputError(f"{out}: holds the results of suite {held!r}; a run of suite {suite.name!r} would replace "
                          f"its leaderboard: use another --out (or --force)")  # fmt: skip
-    stack.callback(release_lock, take_lock(out))
-    return owned.claim(out, force, check_store)
+
+
+def _lock(out: Path, force: bool, stack: contextlib.ExitStack) -> tuple[Any, Any]:
+    """Take the folder's lock (released by `stack`; until the lock is marked kept, a refusal removes the lock file
+    and the folder it had to create: a refused run leaves no .lock behind). Returns (the lock, the folder's
+    manifest read again under the lock: what another run left meanwhile)."""
+    from gleak import folder as owned
+
+    lock = take_lock(out)
+    lock.gleak_keep = False
+    stack.callback(lambda: release_lock(lock, tidy=not lock.gleak_keep))
+    return lock, owned.claim(out, force, check_store)
 
 
 def _adopt_suite(store: Store, suite: Suite) -> None:
@@ -245,9 +254,12 @@ def run_suite(
     force: bool = False,
     device: str | None = None,
     verbose: bool = False,
+    reports: Callable[[Path], Any] | None = None,
 ) -> RunSummary:
     """Run every trial of `suite` that `out` does not already hold, and its [utility] runs. The reports are the
-    caller's to write (`gleak.report.write_reports`; the CLI does it).
+    caller's to write: reports(out) is called once everything is stored, still under the folder's lock (the CLI and
+    the API pass gleak.report.write_folder_reports with locked=True), so that the lock is released only after the
+    last report file is written.
 
     workers: local worker processes, or the Ray tasks in flight at once (None: every CPU of the cluster). Trials run
     in worker processes also with one worker, so that a crash, an exit or a hang costs only its trial; in_process:
@@ -267,19 +279,21 @@ def run_suite(
     device = suite_device(suite, device)
     costs_all, limits = plan(suite.trials, trial_timeout)  # reads nothing of the folder: bad input stops here
     with contextlib.ExitStack() as stack:
-        # Read-only checks first (the folder is gleak's or empty, its store is gleak's), then the lock: a second run
-        # on the folder stops there, having changed nothing. Then Ray, so that a cluster that cannot be reached stops
-        # the run before the store is created.
-        manifest = _claim_and_lock(out, suite, force, stack)
+        # Read-only checks first (the folder is gleak's or empty, its store is gleak's), then Ray, so that a cluster
+        # that cannot be reached stops the run before the folder is touched, then the lock: a second run on the
+        # folder stops there, having changed nothing.
+        _claim(out, suite, force)
         ray = None
         if executor == "ray":
             from gleak.ray_executor import RayExecutor
 
             ray = stack.enter_context(RayExecutor(address, workers, threads))
+        lock, manifest = _lock(out, force, stack)
         store = Store(out)
         stack.callback(store.close)
         manifest.add([DB_NAME, LOCK_NAME])
         manifest.save()  # from here on the folder says it is gleak's
+        lock.gleak_keep = True  # the manifest lists the lock file: it stays, so that later runs share one file
         store.clean_partial_files()  # left by a run that was killed while writing an image or a report
         store.rekey()  # trials stored before a compatible change of the id rule keep counting as finished
         finished = store.finished_ids()
@@ -317,5 +331,7 @@ def run_suite(
 
         util_failed = run_suite_utility(suite, store, progress, workers or 1, device)  # accuracy under each defense
         failed_total = store.failed_members()  # over the whole suite, not only this run's trials
+        if reports is not None:  # still under the lock: no `gleak leaderboard` writes the folder while they are written
+            reports(out)
     return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed)
 

@@ -152,6 +152,28 @@ def _plugin_points(kind: str, entry: Any) -> int:
     return _points(params, {p.name: p.annotation for p in info.params.values()})
 
 
+# The most pixel values one trial's round may hold in its images: batch_size x clients x channels x resolution^2
+# (channels 3 where the case does not set them). 2**25 values are 256 MiB at float64 per copy of the round's
+# images, and a trial holds several copies (the clients' batches, the reconstruction, the blind guess, the scoring),
+# so a trial within it stays under a few GiB; 1024 x 1024 at batch 64 (201 million values) is over it, 1024 x 1024
+# at batch 8 or 256 x 256 at batch 64 is within. Checked before any data is built.
+MAX_ROUND_VALUES = 2**25
+
+
+def _check_memory(cases: list[CaseConfig], where: "_Where", table: str) -> None:
+    """One line, before any data set is loaded, for a case whose round would hold more than MAX_ROUND_VALUES."""
+    for c in cases:
+        if c.resolution is None:  # the data set's own size: known only once it is read
+            continue
+        channels = c.channels or 3
+        values = c.batch_size * c.clients * channels * c.resolution**2
+        if values > MAX_ROUND_VALUES:
+            raise where.error(table, "resolution", f"resolution {c.resolution} x {c.resolution} x {channels} channels at "
+                              f"batch_size {c.batch_size} x {c.clients} clients is {values:,} pixel values per round, "
+                              f"more than the {MAX_ROUND_VALUES:,} (256 MiB at float64) a trial may hold; lower the "
+                              "resolution or the batch size")  # fmt: skip
+
+
 def _check_count(n: int, where: "_Where", table: str) -> None:
     if n > MAX_TRIALS:
         raise where.error(table, None, f"the suite expands to {n:,} trials, more than the {MAX_TRIALS:,} one suite may "
@@ -227,13 +249,27 @@ def _plugins(kind: str, entries: Any, where: _Where, table: str) -> list[tuple[s
         for point in grid:
             try:
                 full = registry.check_params(kind, name, point)
-                registry.create(kind, name, **point)  # the plugin's own value checks
+                _create_in_time(kind, name, point)  # the plugin's own value checks
             except registry.ParamError as exc:
                 raise where.error(t, exc.key, str(exc)) from None
             except InputError as exc:
                 raise where.error(t, None, str(exc)) from None
             out.append((name, full))
     return out
+
+
+def _create_in_time(kind: str, name: str, params: dict[str, Any]) -> Any:
+    """registry.create within the construction time limit (gleak.contract.init_timeout, 60 s unless
+    $GLEAK_PLUGIN_INIT_TIMEOUT says otherwise): a plugin whose __init__ hangs is one line naming it."""
+    from gleak.contract import ConstructionTimeout, INIT_TIMEOUT_ENV, construction_timeout, init_timeout
+
+    seconds = init_timeout()
+    try:
+        with construction_timeout(seconds):
+            return registry.create(kind, name, **params)
+    except ConstructionTimeout:
+        raise InputError(f"{kind} {name!r}: __init__ did not return within {seconds:g} s (a plugin's construction "
+                         f"must be quick; ${INIT_TIMEOUT_ENV} sets the limit)") from None
 
 
 def _current(raw: dict[str, Any], renamed: dict[str, str], where: _Where, table: str) -> dict[str, Any]:
@@ -283,7 +319,7 @@ def _protocol(case: CaseConfig, where: _Where, table: str) -> dict[str, Any]:
         raise where.error(table, "protocol", str(exc)) from None
     try:
         full = registry.check_params("protocol", name, case.protocol_params)
-        registry.create("protocol", name, **case.protocol_params)  # the plugin's own value checks
+        _create_in_time("protocol", name, case.protocol_params)  # the plugin's own value checks
     except registry.ParamError as exc:
         raise where.error(table, f"protocol_params.{exc.key}" if exc.key else "protocol_params", str(exc)) from None
     if case.update == "fedavg":
@@ -375,6 +411,7 @@ def expand_grid(spec: dict[str, Any], where: Where, table: str, suite_name: str,
     what a suite's top level or one [[grid]] expands to (gleak.api.run_trial expands its arguments with it too)."""
     _check_count(count_trials(spec, seeds), where, table)
     cases = _cases(spec.get("case"), where, f"{table}.case" if table != "suite" else "case")
+    _check_memory(cases, where, f"{table}.case" if table != "suite" else "case")  # before any data is built
     _check_data(cases, where, f"{table}.case" if table != "suite" else "case")
     attacks = _plugins("attack", spec.get("attack"), where, "attack" if table == "suite" else table)
     defenses = _plugins("defense", spec.get("defense"), where, "defense" if table == "suite" else table)

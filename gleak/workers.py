@@ -142,9 +142,79 @@ def _die_with_parent() -> None:
         pass
 
 
+def _become_subreaper() -> None:
+    """Orphans of the worker's descendants (a daemon a plugin double-forked) become the worker's children, not
+    init's: `_end_trial_children` finds every process a trial left (Linux's PR_SET_CHILD_SUBREAPER)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # 36 = PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (read from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for e in entries:
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()  # after "(comm)": state, ppid, ...
+        if len(fields) > 1 and fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(e))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _end_trial_children(before: set[int]) -> None:
+    """Kill what the trial started (a plugin's subprocess or its own children, also double-forked ones: the worker
+    is their subreaper) and reap them, so that none outlives its trial; processes the worker had before stay."""
+    for _ in range(3):  # a child may fork while its siblings are killed: look again
+        left = _descendants(os.getpid()) - before
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and _descendants(os.getpid()) - before:
+            time.sleep(0.01)
+            _reap()
+    _reap()
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def _worker_main(conn, env: TrialEnv) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle; it stops the workers
     _die_with_parent()
+    _become_subreaper()
     prepare_process(env)
     while True:
         try:
@@ -153,7 +223,9 @@ def _worker_main(conn, env: TrialEnv) -> None:
             return
         if msg is None:
             return
+        before = _descendants(os.getpid())
         row = guarded_trial(TrialConfig.from_json(msg), env, env.image_dir)
+        _end_trial_children(before)  # a plugin's processes end with its trial
         try:
             conn.send(row)
         except OSError:

@@ -110,3 +110,91 @@ def test_a_foreign_out_is_refused_without_walking_it(tmp_path, monkeypatch):
         owned.claim(home, False, lambda f: False)
     with pytest.raises(InputError, match="not empty"):
         owned.claim(Path("/"), False, lambda f: False)
+
+
+def test_a_case_over_the_memory_bound_is_refused_before_any_data_is_built(tmp_path, monkeypatch):
+    """resolution 1024 at batch 64: one line naming the file, the table and the key, before a data set is loaded
+    (gleak.suite.MAX_ROUND_VALUES); the same case at batch 8 is within the bound."""
+    text = textwrap.dedent('''
+        [suite]
+        name = "mem"
+        seeds = [0]
+        [case]
+        dataset = "uniform"
+        model = "linear"
+        resolution = 1024
+        batch_size = BATCH
+        [[attack]]
+        name = "closed-form"
+        [[defense]]
+        name = "none"
+        [[grid]]
+        name = "big"
+        case = { resolution = 1024, batch_size = 64, channels = 1 }
+    ''')
+    loaded = []
+
+    def load(*a, **k):
+        loaded.append(a)
+        raise AssertionError("a data set was loaded before the memory bound was checked")
+
+    monkeypatch.setattr(suite, "_check_data", load)
+    (tmp_path / "mem.toml").write_text(text.replace("BATCH", "64").split("[[grid]]")[0])
+    with pytest.raises(InputError, match=r"mem\.toml: \[case\] key 'resolution': resolution 1024 x 1024 x 3 channels "
+                                         r"at batch_size 64 x 1 clients is 201,326,592 pixel values") as e:  # fmt: skip
+        suite.load_suite(tmp_path / "mem.toml")
+    assert "\n" not in str(e.value) and "33,554,432" in str(e.value) and not loaded
+    (tmp_path / "grid.toml").write_text(text.replace("resolution = 1024\n", "").replace("BATCH", "1"))
+    with pytest.raises(InputError, match=r"grid\.toml: \[grid #1 \(big\)\.case\] key 'resolution'.*67,108,864"):
+        suite.load_suite(tmp_path / "grid.toml")
+    assert suite.MAX_ROUND_VALUES == 2**25
+    within = suite.CaseConfig(dataset="uniform", model="linear", resolution=1024, batch_size=8, channels=3)
+    suite._check_memory([within], suite.Where(tmp_path / "x.toml"), "case")  # 25,165,824 values: within
+
+
+HANGS = textwrap.dedent('''
+    import time
+
+    from gleak import register_attack
+    from gleak.plugin import Attack
+
+
+    @register_attack("NAME")
+    class Hangs(Attack):
+        """Test attack whose __init__ never returns."""
+
+        needs = frozenset({"architecture"})
+
+        def __init__(self):
+            try:
+                BODY
+            except Exception:  # a plugin that swallows every error still stops
+                pass
+
+        def reconstruct(self, observation, rng):
+            raise RuntimeError("never reached")
+''')
+
+
+@pytest.mark.parametrize("name, body", [("hangs-sleeping", "time.sleep(1000)"), ("hangs-looping", "while True: pass")])
+def test_a_plugin_whose_init_hangs_is_one_line_naming_it(tmp_path, monkeypatch, name, body):
+    import time
+
+    from gleak import registry
+
+    (tmp_path / f"{name}.py").write_text(HANGS.replace("NAME", name).replace("BODY", body))
+    registry.load_plugin_file(str(tmp_path / f"{name}.py"))
+    (tmp_path / "s.toml").write_text(BIG.replace("seeds = 100000", "seeds = [0]").replace('"closed-form"', f'"{name}"'))
+    import signal
+
+    monkeypatch.setenv("GLEAK_PLUGIN_INIT_TIMEOUT", "0.5")
+    runner_timer = signal.getitimer(signal.ITIMER_REAL)[0]  # pytest-timeout's, where it uses a signal
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match=rf"s\.toml: \[attack #1\]: attack '{name}': __init__ did not return within 0.5 s") as e:
+        suite.load_suite(tmp_path / "s.toml")
+    assert time.monotonic() - t0 < 30 and "\n" not in str(e.value) and "GLEAK_PLUGIN_INIT_TIMEOUT" in str(e.value)
+    left = signal.getitimer(signal.ITIMER_REAL)[0]
+    assert (left > 0) if runner_timer else (left == 0)  # no timer of its own left behind; the runner's kept
+    monkeypatch.setenv("GLEAK_PLUGIN_INIT_TIMEOUT", "soon")
+    with pytest.raises(InputError, match="GLEAK_PLUGIN_INIT_TIMEOUT must be a number of seconds > 0"):
+        suite.load_suite(tmp_path / "s.toml")

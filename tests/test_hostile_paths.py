@@ -121,3 +121,77 @@ def test_a_plugins_chdir_does_not_move_the_images_of_a_relative_out(tmp_path, gl
     assert r.returncode == 0, r.stderr
     assert len(list((tmp_path / "o" / "images").glob("*.png"))) == 2
     assert not list((tmp_path / "elsewhere").rglob("*"))
+
+
+def _six_pngs(root: Path) -> None:
+    from tests.test_data import _png
+
+    for c in ("a", "b"):
+        (root / c / "nested").mkdir(parents=True)
+        for i in range(2):
+            _png(root / c / f"{i}.png", 8, 8, i)
+        _png(root / c / "nested" / "deep.png", 8, 8, 7)
+
+
+def _samples(root: Path) -> int:
+    from gleak.data import load_dataset
+
+    return len(load_dataset(f"folder:{root}")) + len(load_dataset(f"folder:{root}", "test"))
+
+
+def test_symlink_loops_in_an_image_folder_do_not_multiply_its_images(tmp_path):
+    """6 PNGs stay 6 samples with a link loop to the folder's top, a link to the class folder itself, a second
+    link to a folder already read and a link to a file already read (torchvision alone followed every link)."""
+    root = tmp_path / "imgs"
+    _six_pngs(root)
+    (root / "a" / "nested" / "up").symlink_to(root)  # a loop through the top: a/nested/up/a/nested/up/...
+    (root / "a" / "self").symlink_to(root / "a")
+    (root / "b" / "again").symlink_to(root / "b" / "nested")
+    (root / "b" / "twice.png").symlink_to(root / "b" / "0.png")
+    assert _samples(root) == 6
+
+
+def test_a_link_out_of_an_image_folder_is_one_line_naming_it(tmp_path):
+    root = tmp_path / "imgs"
+    _six_pngs(root)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    from tests.test_data import _png
+
+    _png(elsewhere / "secret.png", 8, 8, 3)
+    (root / "a" / "out.png").symlink_to(elsewhere / "secret.png")
+    from gleak.data import load_dataset
+
+    with pytest.raises(InputError, match=r"a/out.png is a symbolic link out of the folder") as e:
+        load_dataset(f"folder:{root}")
+    assert "\n" not in str(e.value)
+    (root / "a" / "out.png").unlink()
+    (root / "c").symlink_to(elsewhere)  # a whole class folder that lies elsewhere
+    with pytest.raises(InputError, match=r"imgs/c is a symbolic link out of the folder"):
+        load_dataset(f"folder:{root}")
+
+
+def test_an_image_folder_without_links_reads_as_torchvision_reads_it(tmp_path):
+    """Same files, same order, same classes as torchvision's ImageFolder: a suite's trials on a folder data set
+    keep their numbers."""
+    from torchvision import datasets
+
+    root = tmp_path / "imgs"
+    _six_pngs(root)
+    (root / "a" / "nested" / "z.PNG").write_bytes((root / "a" / "0.png").read_bytes())
+    (root / "a" / "notes.txt").write_text("not an image")
+    theirs = datasets.ImageFolder(str(root)).samples
+    from gleak import data
+
+    captured = {}
+    real = datasets.ImageFolder.__init__
+
+    def keep(self, *a, **k):
+        real(self, *a, **k)
+        captured.setdefault("samples", self.samples)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(datasets.ImageFolder, "__init__", keep):
+        data._load_folder(data.DataRequest("folder:", "train", None, False, None, None, str(root)))
+    assert captured["samples"] == theirs and len(theirs) == 7

@@ -8,6 +8,28 @@ from typing import Any
 from gleak.aggregate import as_float
 from gleak.errors import InputError
 from gleak.registry import plugin_info
+from gleak.escaping import strip_controls
+
+
+# Text that is data (a plugin's name, parameters, error or description, the suite's text), marked where it is put
+# into a block so that each renderer treats it as data: Markdown escapes what would be markup in it
+# (gleak.documents.markdown), HTML escapes everything anyway; both drop control characters from it. The marks are
+# two characters of Unicode's private use area, removed from the data itself first (data cannot forge them).
+DATA_OPEN, DATA_CLOSE = "\ue000", "\ue001"
+_MARKS = str.maketrans("", "", DATA_OPEN + DATA_CLOSE)
+
+
+def data(value: Any) -> str:
+    """`value` as text, marked as data for the renderers ('' stays '')."""
+    text = str(value).translate(_MARKS)
+    return f"{DATA_OPEN}{text}{DATA_CLOSE}" if text else ""
+
+
+def unmarked(text: str) -> str:
+    """Text with its data marks removed and control characters dropped from the data (what HTML renders)."""
+    import re
+
+    return re.sub(f"{DATA_OPEN}([^{DATA_CLOSE}]*){DATA_CLOSE}", lambda m: strip_controls(m.group(1)), str(text)).translate(_MARKS)
 
 
 def params_text(js: str, kind: str | None = None, name: str | None = None, show: set[str] | None = None) -> str:
@@ -64,7 +86,7 @@ def mean_std(r: Any, m: str, kind: str, ci: bool = False, mean_key: str | None =
 
 def label_text(r: Any) -> str:
     acc = as_float(r.get("label_acc"))
-    return "" if acc is None else f"{fmt(acc, '3')} ({r.get('label_attack')})"
+    return "" if acc is None else f"{fmt(acc, '3')} ({data(r.get('label_attack'))})"
 
 
 def defense_label(name: str, params_js: str, vd: dict[str, set[str]]) -> str:

@@ -87,6 +87,12 @@ def render_html(doc: list[tuple], folder: Path, max_embed_bytes: int = 3 << 20) 
     import jinja2
     from markupsafe import Markup
 
+    from gleak.documents.cells import unmarked
+
+    def plain(v: Any) -> Any:  # data marks off, control characters out of the data: autoescape does the rest
+        return [plain(x) for x in v] if isinstance(v, (list, tuple)) else unmarked(v) if isinstance(v, str) else v
+
+    doc = [(b[0], *(plain(x) for x in b[1:])) for b in doc]
     blocks: list[dict[str, Any]] = []
     embedded = 0
     for block in doc:

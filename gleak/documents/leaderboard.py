@@ -10,7 +10,7 @@ import pandas as pd
 from gleak.aggregate import CASE_KEYS, as_float, extra_value, varying_keys
 from gleak.attribution import undefended_baseline
 from gleak.documents.cells import (
-    attack_label, extras_text, fmt, label_text, mean_std, params_text, text_of, trials_text, worst_attack_text,
+    attack_label, data, extras_text, fmt, label_text, mean_std, params_text, text_of, trials_text, worst_attack_text,
 )  # fmt: skip
 from gleak.metrics import LPIPS_HOWTO, PSNR_CEILING, verdict_rule_text
 from gleak.store import DONE, NOT_APPLICABLE
@@ -21,11 +21,11 @@ def attack_defense_matrix(agg: pd.DataFrame, dr: pd.DataFrame, vd: dict, va: dic
     """Each attack's best result against each defense configuration (over cases): the PSNR and verdict of its best
     image reconstruction, or its best label accuracy for label-only attacks. Rows in the defense ranking's order."""
     attacks = list(dict.fromkeys(zip(agg["attack"], agg["attack_params"])))
-    header = ["defense", "params"] + [attack_label(a, ap, va) for a, ap in attacks]
+    header = ["defense", "params"] + [data(attack_label(a, ap, va)) for a, ap in attacks]
     rows = []
     for _, d in dr.iterrows():
         g = agg[(agg["defense"] == d["defense"]) & (agg["defense_params"] == d["defense_params"])]
-        row = [d["defense"], params_text(d["defense_params"], "defense", d["defense"], vd.get(d["defense"]))]
+        row = [data(d["defense"]), data(params_text(d["defense_params"], "defense", d["defense"], vd.get(d["defense"])))]
         for a, ap in attacks:
             c = g[(g["attack"] == a) & (g["attack_params"] == ap)]
             img = c[c["psnr"].notna()]
@@ -46,7 +46,7 @@ def _utility_intro(cfg: Any, utility: pd.DataFrame) -> str:
     base = undefended_baseline(utility)  # not a CGD row's own centralized run
     base_txt = f"{100 * base:.2f}%" if base is not None else "unavailable"
     text = (
-        f"Accuracy: top-1 on the test split after federated training of `{cfg.model}` on `{cfg.dataset}`: {algo}, "
+        f"Accuracy: top-1 on the test split after federated training of `{data(cfg.model)}` on `{data(cfg.dataset)}`: {algo}, "
         f"{cfg.clients} clients with IID shards, {cfg.training_rounds} rounds, batch {cfg.batch_size} per client"
         f"{' and step' if cfg.algorithm == 'fedavg' else ''}, seed {cfg.seed}, the defense on every "
         f"client's update in every round; every run draws the same batches. Baseline without defense: {base_txt}."
@@ -92,9 +92,9 @@ def _intro_blocks(suite: str, description: str, df: pd.DataFrame, rule: str) -> 
     """The title, the suite's description and how to read every number below."""
     ok, failed = int((df.status == "ok").sum()), int((~df.status.isin(DONE)).sum())
     n_a = int((df.status == NOT_APPLICABLE).sum())
-    doc: list[tuple] = [("h1", f"Leaderboard: {suite}")]
+    doc: list[tuple] = [("h1", f"Leaderboard: {data(suite)}")]
     if description:
-        doc.append(("p", description.strip()))
+        doc.append(("p", data(description.strip())))
     doc.append(("p",
         f"{len(df)} trials: {ok} ok, {failed} failed" + (f", {n_a} not applicable" if n_a else "") + ". Written by `gleak run`; regenerate with `gleak leaderboard DIR`. "
         "Every trial is scored against the victim's whole batch: reconstructions are paired with the images by "
@@ -120,8 +120,8 @@ def _defense_blocks(dr: pd.DataFrame, vd: dict, va: dict, show_util: bool) -> li
         h += ["accuracy", "epsilon"]
     rows = []
     for _, r in dr.iterrows():
-        row = [str(r["rank"]), r["defense"], params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"])),
-               worst_attack_text(r, va), text_of(r.get("worst_case")), fmt(r.get("psnr"), "2"), mean_std(r, "psnr", "2", ci=True),
+        row = [str(r["rank"]), data(r["defense"]), data(params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"]))),
+               data(worst_attack_text(r, va)), data(text_of(r.get("worst_case"))), fmt(r.get("psnr"), "2"), mean_std(r, "psnr", "2", ci=True),
                fmt(r.get("blind_psnr"), "2"), fmt(r.get("mse_median"), "e"), mean_std(r, "ssim", "3", mean_key="ssim"),
                fmt(r.get("lpips"), "3"), text_of(r.get("verdict")), fmt(r.get("recovered"), "pct"), label_text(r),
                fmt(r.get("grad_dist"), "3")]  # fmt: skip
@@ -137,8 +137,8 @@ def _defense_blocks(dr: pd.DataFrame, vd: dict, va: dict, show_util: bool) -> li
     for name, g in dr[dr["defense"] != "none"].groupby("defense", sort=False):
         hit = g[g["verdict"] == "recovered"] if "verdict" in g else g.iloc[:0]
         if len(hit):
-            by = ", ".join(sorted({worst_attack_text(r, va) for _, r in hit.iterrows()}))
-            broken.append(f"{name} in {len(hit)} of its {len(g)} configurations (by {by})")
+            by = ", ".join(sorted({data(worst_attack_text(r, va)) for _, r in hit.iterrows()}))
+            broken.append(f"{data(name)} in {len(hit)} of its {len(g)} configurations (by {by})")
     if broken:
         doc.append(("p", "Broken: an attack recovers the victim's data (verdict recovered, by the rule above) through "
                          + "; ".join(broken) + "."))  # fmt: skip
@@ -156,10 +156,10 @@ def _utility_blocks(dr: pd.DataFrame, utility: pd.DataFrame, utility_cfg: Any, v
         r = by_cfg.get((u["defense"], u["defense_params"]), {})
         acc, base = as_float(u["accuracy"]), as_float(u["baseline_accuracy"])
         delta = f"{100 * (acc - base):+.2f}" if acc is not None and base is not None else ""
-        rows.append([u["defense"], params_text(u["defense_params"], "defense", u["defense"], vd.get(u["defense"])),
+        rows.append([data(u["defense"]), data(params_text(u["defense_params"], "defense", u["defense"], vd.get(u["defense"]))),
                      fmt(acc, "pct"), delta, fmt(as_float(u["epsilon"]), "2"), fmt(r.get("psnr"), "2"),
-                     text_of(r.get("worst_attack")), text_of(r.get("verdict")),
-                     text_of(u["error"]) if u["status"] != "ok" else ""])  # fmt: skip
+                     data(text_of(r.get("worst_attack"))), text_of(r.get("verdict")),
+                     data(text_of(u["error"])) if u["status"] != "ok" else ""])  # fmt: skip
     doc.append(("table", ["defense", "params", "accuracy", "change (points)", "epsilon", "worst-case PSNR",
                           "worst attack", "verdict", "error"], rows))  # fmt: skip
     return doc
@@ -167,10 +167,10 @@ def _utility_blocks(dr: pd.DataFrame, utility: pd.DataFrame, utility_cfg: Any, v
 
 def _attack_blocks(agg: pd.DataFrame, dr: pd.DataFrame, ar: pd.DataFrame, vd: dict, va: dict) -> list[tuple]:
     """The attack ranking and each attack's best result against each defense."""
-    rows = [[str(r["rank"]), r["attack"], params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
+    rows = [[str(r["rank"]), data(r["attack"]), data(params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"]))),
              fmt(r["psnr_undefended"], "2"), mean_std(r, "psnr_undefended", "2", ci=True), fmt(r["best_psnr"], "2"),
              text_of(r["defenses_recovered"]), fmt(r["label_acc_undefended"], "3"), mean_std(r, "seconds", "2", mean_key="seconds"),
-             text_of(r.get("threat_model"))]
+             data(text_of(r.get("threat_model")))]
             for _, r in ar.iterrows()]  # fmt: skip
     h = ["rank", "attack", "params", "PSNR undefended (median)", "mean ± std [95%]", "best PSNR", "configs recovered",
          "label acc undefended", "seconds per trial", "threat model (needs)"]  # fmt: skip
@@ -188,7 +188,7 @@ def _case_blocks(agg: pd.DataFrame, vd: dict, va: dict) -> list[tuple]:
     doc: list[tuple] = [("h2", "Results by case")]
     for case_key, g in agg.groupby(CASE_KEYS + ["variant"], sort=False):
         variant = f" {case_key[3]}" if case_key[3] else ""
-        doc.append(("h3", f"dataset={case_key[0]} model={case_key[1]} batch size={case_key[2]}{variant}"))
+        doc.append(("h3", f"dataset={data(case_key[0])} model={data(case_key[1])} batch size={case_key[2]}{data(variant)}"))
         h = ["defense", "params", "attack", "attack params", "trials", "PSNR (median)", "PSNR mean ± std [95%]",
              "MSE (median)", "SSIM mean ± std", "LPIPS", "cosine", "label acc mean ± std", "labels exact", "recovered",
              "verdict", "seconds", "grad dist", "diagnostics"]  # fmt: skip
@@ -197,13 +197,13 @@ def _case_blocks(agg: pd.DataFrame, vd: dict, va: dict) -> list[tuple]:
             rows.append(["(blind guess)", "mean image", "-", "-", "", fmt(float(g["blind_psnr"].dropna().median()), "2"),
                          "", fmt(float(g["blind_mse"].dropna().median()), "e"),
                          fmt(float(g["blind_ssim"].dropna().mean()), "3"), "", "", "", "", "", "", "", "", ""])  # fmt: skip
-        rows += [[r["defense"], params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"])), r["attack"],
-                  params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
+        rows += [[data(r["defense"]), data(params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"]))),
+                  data(r["attack"]), data(params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"]))),
                   trials_text(r), fmt(r["psnr"], "2"), mean_std(r, "psnr", "2", ci=True),
                   fmt(r["mse_median"], "e"), mean_std(r, "ssim", "3", mean_key="ssim"), fmt(r["lpips"], "3"),
                   fmt(r["cosine"], "3"), mean_std(r, "label_acc", "3", mean_key="label_acc"), text_of(r["labels_exact"]),
                   fmt(r["recovered"], "pct"), text_of(r["verdict"]), mean_std(r, "seconds", "2", mean_key="seconds"),
-                  fmt(r["grad_dist"], "3"), extras_text(r["extra"])] for _, r in g.iterrows()]  # fmt: skip
+                  fmt(r["grad_dist"], "3"), data(extras_text(r["extra"]))] for _, r in g.iterrows()]  # fmt: skip
         doc.append(("table", h, rows))
     return doc
 
@@ -214,11 +214,11 @@ def _trouble_blocks(df: pd.DataFrame) -> list[tuple]:
     if int((df.status == NOT_APPLICABLE).sum()):
         why = df[df.status == NOT_APPLICABLE].groupby(["attack", "defense", "error"], dropna=False).size().reset_index(name="n")
         doc += [("h2", "Not applicable"), ("table", ["attack", "defense", "reason", "trials"],
-                 [[r["attack"], r["defense"], str(r["error"]), str(r["n"])] for _, r in why.iterrows()])]  # fmt: skip
+                 [[data(r["attack"]), data(r["defense"]), data(r["error"]), str(r["n"])] for _, r in why.iterrows()])]  # fmt: skip
     if int((~df.status.isin(DONE)).sum()):
         errs = df[~df.status.isin(DONE)].groupby(["attack", "defense", "error"], dropna=False).size().reset_index(name="n")
         doc += [("h2", "Failed trials"), ("table", ["attack", "defense", "error", "trials"],
-                 [[r["attack"], r["defense"], str(r["error"]), str(r["n"])] for _, r in errs.iterrows()])]  # fmt: skip
+                 [[data(r["attack"]), data(r["defense"]), data(r["error"]), str(r["n"])] for _, r in errs.iterrows()])]  # fmt: skip
     return doc
 
 
@@ -236,7 +236,7 @@ def leaderboard_notes(df: pd.DataFrame) -> list[str]:
     for (a, ap), g in under.groupby(["attack", "attack_params"], sort=False):
         tuned = {extra_value(js, "tuned_iterations") for js in g["extra"]} - {None}
         p = json.loads(ap) if isinstance(ap, str) else {}
-        notes.append(f"{a} ran {p.get('iterations')} iterations in {len(g)} trials, far below the "
+        notes.append(f"{data(a)} ran {data(p.get('iterations'))} iterations in {len(g)} trials, far below the "
                      f"{', '.join(f'{t:g}' for t in sorted(tuned))} its preset's TV weight was tuned for: its results "
                      "understate the attack.")  # fmt: skip
     return notes
