@@ -487,21 +487,41 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout, sys.stderr = out, err
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so that a terminated run stops its worker
+    processes and keeps what it stored, as an interrupted one does (left to Python's default, SIGTERM ends this
+    process at once and its workers, children of a forkserver, go on computing)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    import signal
+    import threading
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return args.func(args)
     except InputError as exc:
         print(f"gleak: error: {strip_controls(exc)}", file=sys.stderr)  # it may quote a plugin's or a file's text
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("gleak: interrupted; finished trials are stored, rerun to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"gleak: {what}; finished trials are stored, rerun to resume", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     except (OSError, sqlite3.OperationalError) as exc:  # the disk filled up, the folder went away: one line
         full = getattr(exc, "errno", None) == errno.ENOSPC or "full" in str(exc)
         what = "the disk is full; free space and rerun to resume" if full else f"{type(exc).__name__}: {exc}"
         print(f"gleak: error: {what} (finished trials are stored)", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -213,3 +213,60 @@ def test_sigkill_halfway_then_resume_recomputes_nothing(tmp_path, gleak_cmd, run
     assert all(dict(rows)[t] == f for t, f in first.items())  # finished trials were not recomputed
     assert f"{300 - len(first)} trials run, {len(first)} already stored" in r.stderr
     assert len(list(csv.DictReader((out / "results.csv").open()))) == 300
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads processes' environments from /proc")
+def test_sigterm_stops_the_run_and_its_workers_and_resume_recomputes_nothing(tmp_path, gleak_cmd, run_env):
+    """`kill PID` (SIGTERM) on a run: exit 143 with one line, no worker process left computing (they are children of
+    a forkserver, not of the run, so they outlived it before), and a rerun finishes only what was missing."""
+    suite = tmp_path / "slow.toml"
+    suite.write_text(textwrap.dedent("""
+        [suite]
+        name = "slow"
+        seeds = 40
+        save_images = false
+        [case]
+        dataset = "uniform"
+        resolution = 8
+        channels = 1
+        model = "linear"
+        [[attack]]
+        name = "closed-form"
+        [[defense]]
+        name = "noise"
+    """))
+    out, tag = tmp_path / "out", f"gleak-sigterm-{os.getpid()}-{time.time_ns()}"
+    env = {**run_env, "GLEAK_TEST_TAG": tag}
+    proc = subprocess.Popen(gleak_cmd + ["run", str(suite), "--out", str(out), "--no-progress", "--workers", "2"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    db, deadline = out / "results.sqlite", time.time() + 120
+    while time.time() < deadline and not (db.exists() and _count(db) >= 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "gleak: terminated; finished trials are stored" in err
+    time.sleep(1.0)
+    assert _tagged_processes(tag) == [], "worker processes outlived the terminated run"
+    r = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
+    assert r.returncode == 0, r.stderr
+    assert _count(db) == 40
+
+
+def _count(db: Path) -> int:
+    try:
+        return sqlite3.connect(db).execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def _tagged_processes(tag: str) -> list[int]:
+    """Processes whose environment carries `tag` (a run and everything it started inherit it)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if tag.encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
