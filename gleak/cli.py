@@ -22,8 +22,12 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gleak.errors import InputError
+
+if TYPE_CHECKING:
+    from gleak.runner import RunSummary
 
 EXIT_OK, EXIT_FAILED_TRIALS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -109,12 +113,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     write_reports(out, suite.name, suite.description)  # the run stored everything: now the reports, from the store
     dt = time.perf_counter() - t0
     print(
-        f"gleak: {summary.ran} trials run, {summary.skipped} already stored, {summary.failed} failed, {dt:.1f} s",
+        f"gleak: {_run_counts(summary)}, {dt:.1f} s",
         file=sys.stderr,
     )
     print(f"leaderboard: {out / 'leaderboard.md'}")
     print(f"results:     {out / 'results.csv'}")
     return summary.exit_code
+
+
+def _run_counts(summary: "RunSummary") -> str:
+    """'N trials run: a ok, b failed, c not applicable, S already stored' (and the suite's failures where earlier
+    runs or its utility runs add to this run's): a trial its attack cannot handle is neither ok nor failed."""
+    failed_now = summary.ran - summary.ok - summary.not_applicable
+    counts = f": {summary.ok} ok, {failed_now} failed, {summary.not_applicable} not applicable" if summary.ran else ""
+    text = f"{summary.ran} trials run{counts}, {summary.skipped} already stored"
+    if summary.failed != failed_now:
+        text += f" ({summary.failed} failed in the whole suite, stored trials and utility runs included)"
+    return text
 
 
 def _check_lpips_env() -> None:
@@ -176,15 +191,16 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     from gleak.folder import claim_results
     from gleak.report import write_folder_reports as write_reports
     from gleak.store import check_store
-    from gleak.reconstructions import parse_metrics, rescore
+    from gleak.reconstructions import coverage_text, parse_metrics, rescore_counts
 
     if args.lpips_backbone and not Path(args.lpips_backbone).is_file():
         raise InputError(f"--lpips-backbone: {args.lpips_backbone} not found")
     _check_lpips_env()
     metrics = parse_metrics(args.metrics)
     claim_results(args.dir, check_store)  # as `gleak leaderboard`: gleak's folder, no user's file where a report goes
-    n = rescore(args.dir, metrics, args.lpips_backbone)
-    print(f"gleak: rescored {', '.join(metrics)} of {n} trials from their stored reconstructions", file=sys.stderr)
+    n, cov = rescore_counts(args.dir, metrics, args.lpips_backbone)
+    print(f"gleak: rescored {', '.join(metrics)} of {n} trials from their stored reconstructions: {coverage_text(n, cov)}",
+          file=sys.stderr)  # fmt: skip
     for p in write_reports(args.dir).values():
         print(p)
     return EXIT_OK
@@ -340,6 +356,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     moved = both[both["beyond_spread"]]
     print(f"{args.dir1} (A) vs {args.dir2} (B): {len(both)} cells in both, {len(moved)} moved beyond their spread, "
           f"{int((table['in'] == 'A').sum())} only in A, {int((table['in'] == 'B').sum())} only in B")  # fmt: skip
+    for _, r in moved.iterrows():  # by name: a count alone sends the reader hunting through the table
+        print(f"  moved: {r['case']}, {r['defense']} x {r['attack']}: PSNR {r['psnr_a']:.3g} -> {r['psnr_b']:.3g} dB "
+              f"({r['d_psnr']:+.3g}, spread {r['spread']:.3g})")  # fmt: skip
     shown = table if args.all else table[(table["in"] != "both") | table["beyond_spread"] | table["changed"]]
     if len(shown):
         cols = ["case", "defense", "attack", "in", "trials_a", "trials_b", "psnr_a", "psnr_b", "d_psnr", "spread",

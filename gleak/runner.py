@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from gleak.config import CaseConfig, TrialConfig
 from gleak.errors import InputError
-from gleak.store import DB_NAME, DONE, LOCK_NAME, CommitThread, Store, check_store, check_unlocked, read_meta, release_lock, take_lock
+from gleak.store import DB_NAME, DONE, LOCK_NAME, NOT_APPLICABLE, CommitThread, Store, check_store, check_unlocked, read_meta, release_lock, take_lock
 from gleak.suite import Suite
 from gleak.workers import Finished, TrialEnv, run_in_process, run_pool
 
@@ -41,7 +41,9 @@ class RunSummary:
     total: int
     skipped: int
     ran: int
-    failed: int
+    failed: int  # over the whole suite (also trials stored failed by an earlier run) and its utility runs
+    ok: int = 0  # of this run's trials
+    not_applicable: int = 0  # of this run's trials: the plugin cannot handle the case (UnsupportedCase)
 
     @property
     def exit_code(self) -> int:
@@ -225,6 +227,7 @@ def _adopt_suite(store: Store, suite: Suite) -> None:
     store.set_meta("description", suite.description)
     store.set_meta("verdict", suite.verdict)  # the leaderboard's verdict rule
     store.set_meta("claims", suite.claims)  # the [[claim]] tables its leaderboard judges (gleak.claims)
+    store.set_meta("set_params", suite.set_params)  # the parameters its file sets: the reports name them
     store.set_membership(suite.trials)
 
 
@@ -290,12 +293,14 @@ def run_suite(
         todo = longest_first(todo, costs)
         env = TrialEnv(lpips_weights, str(Path(out).absolute() / "images") if suite.save_images else None, tuple(plugin_files), threads, device, verbose)
         bar = stack.enter_context(contextlib.closing(Progress(len(todo), sum(costs.values()), progress and bool(todo))))
-        failed = 0
+        failed = ok = not_applicable = 0
 
         def stored(done: Finished) -> None:
-            nonlocal failed
+            nonlocal failed, ok, not_applicable
             for cfg, row in done:
                 failed += row["status"] not in DONE
+                ok += row["status"] == "ok"
+                not_applicable += row["status"] == NOT_APPLICABLE
                 bar.update(costs[cfg.trial_id], row["status"] in DONE)
 
         writer = CommitThread(store, stored)
@@ -317,5 +322,6 @@ def run_suite(
 
         util_failed = run_suite_utility(suite, store, progress, workers or 1, device)  # accuracy under each defense
         failed_total = store.failed_members()  # over the whole suite, not only this run's trials
-    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed)
+    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed,
+                      ok, not_applicable)
 

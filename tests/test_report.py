@@ -143,3 +143,47 @@ def test_a_named_lpips_backbone_that_is_missing_is_exit_2(tmp_path, run_env, how
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "alexnet.pth" in lines[0] and "not" in lines[0], r.stderr
     assert not (tmp_path / "o").exists()
+
+
+PARAMS_SUITE = """
+[suite]
+name = "defaults-named"
+seeds = [0]
+[case]
+dataset = "skimage"
+model = "mlp"
+model_params = { hidden = [8] }
+resolution = 8
+[[attack]]
+name = "closed-form"
+[[defense]]
+name = "none"
+[[defense]]
+name = "topk"
+ratio = 0.9
+"""
+
+
+def test_a_parameter_the_suite_sets_to_its_default_is_named_with_its_value(tmp_path):
+    """topk's default ratio is 0.9: written in the suite file, the leaderboard says 'ratio=0.9', not '-' (also from
+    the committed files alone: suite.json keeps what the file set)."""
+    from gleak.registry import plugin_info
+    from gleak.report import write_reports
+    from gleak.runner import run_suite
+    from gleak.suite import load_suite
+
+    assert plugin_info("defense", "topk").defaults()["ratio"] == 0.9  # else this test tests nothing
+    (tmp_path / "s.toml").write_text(PARAMS_SUITE)
+    suite = load_suite(tmp_path / "s.toml")
+    assert suite.set_params == {"defense": {"topk": ["ratio"]}}
+    run_suite(suite, tmp_path / "out", progress=False, in_process=True)
+    write_reports(tmp_path / "out")
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert re.search(r"\| topk\s+\| ratio=0\.9\s+\|", md), md
+    assert "ratio=0.9" in (tmp_path / "out" / "leaderboard.tex").read_text()
+    clone = tmp_path / "clone"  # a fresh clone: results.csv and suite.json, no store
+    clone.mkdir()
+    for f in ("results.csv", "suite.json"):
+        shutil.copy(tmp_path / "out" / f, clone / f)
+    write_reports(clone)
+    assert re.search(r"\| topk\s+\| ratio=0\.9\s+\|", (clone / "leaderboard.md").read_text())
