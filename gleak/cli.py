@@ -343,6 +343,13 @@ def show_text(kind: str, name: str) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    if not args.plugin:  # a built-in, read from its source: no torch import (None: only the registry can tell)
+        from gleak.plugin_source import show_text as from_source
+
+        text = from_source(args.kind, args.name)
+        if text is not None:
+            print(text)
+            return EXIT_OK
     _load_plugins(args.plugin)
     print(show_text(args.kind, args.name))
     return EXIT_OK
