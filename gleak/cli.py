@@ -254,13 +254,13 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
         raise InputError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     if target.endswith(".py") or Path(target).is_file():
         args.plugin_file = str(Path(target).resolve())
-        pairs = [p for p in registry.load_plugin_file(target) if p[0] in ("attack", "defense", "protocol")]
+        pairs = [p for p in registry.load_plugin_file(target) if p[0] in ("attack", "defense", "protocol", "model")]
         # A protocol registered as a defense too (as_defense) is checked once, as the protocol.
         pairs = [p for p in pairs if not (p[0] == "defense" and registry.plugin_info("defense", p[1]).protocol)]
         if not pairs:
-            raise InputError(f"{target}: registers no attack, defense or protocol")
+            raise InputError(f"{target}: registers no attack, defense, protocol or model")
     else:
-        kinds = [args.kind] if args.kind else ["attack", "defense", "protocol"]
+        kinds = [args.kind] if args.kind else ["attack", "defense", "protocol", "model"]
         pairs = [(k, target) for k in kinds if target in registry.list_plugins(k)]
         if not args.kind and ("protocol", target) in pairs:  # cgd is both: check it once, as the protocol
             pairs = [p for p in pairs if p[0] != "defense"]
@@ -444,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cp = sub.add_parser("check-plugin", help="conformance check of a plugin (a registered name or a .py file)")
     cp.add_argument("target")
-    cp.add_argument("--kind", choices=["attack", "defense", "protocol"])
+    cp.add_argument("--kind", choices=["attack", "defense", "protocol", "model"])
     cp.add_argument("--timeout", type=float, default=600.0, help="seconds for all checks of one plugin (default 600)")
     cp.set_defaults(func=cmd_check_plugin)
     _add_workflow_commands(sub)
