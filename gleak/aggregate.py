@@ -68,6 +68,17 @@ _UNLABELLED = {*CASE_KEYS, "protocol", "download"}
 _PLUGIN_PARAMS = {"model_params": ("model", "model"), "protocol_params": ("protocol", "protocol")}
 
 
+# Case keys that change nothing unless another key says so (gleak.pretrain, gleak.protocol): left out of a label
+# where they are idle, so an untrained model's label does not carry the training steps a trained one would take.
+_IDLE_UNLESS = {
+    "train_steps": lambda c: c.get("model_state") == "trained", "train_lr": lambda c: c.get("model_state") == "trained",
+    "train_batch_size": lambda c: c.get("model_state") == "trained", "train_seed": lambda c: c.get("model_state") == "trained",
+    "local_steps": lambda c: c.get("update") == "fedavg",
+    "local_lr": lambda c: c.get("update") == "fedavg" or bool(c.get("rounds")),
+    "server_lr": lambda c: bool(c.get("rounds")),
+}  # fmt: skip
+
+
 def _non_default_params(kind: str, name: Any, params: Any) -> dict[str, Any]:
     from gleak.errors import InputError
     from gleak.registry import plugin_info
@@ -93,7 +104,7 @@ def case_variant(case: dict[str, Any]) -> str:
     defaults = CaseConfig().to_dict()
     shown = []
     for k in sorted(case):
-        if k in _UNLABELLED:
+        if k in _UNLABELLED or (k in _IDLE_UNLESS and not _IDLE_UNLESS[k](case)):
             continue
         v = case[k]
         if k in _PLUGIN_PARAMS:

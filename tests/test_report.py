@@ -187,3 +187,17 @@ def test_a_parameter_the_suite_sets_to_its_default_is_named_with_its_value(tmp_p
         shutil.copy(tmp_path / "out" / f, clone / f)
     write_reports(clone)
     assert re.search(r"\| topk\s+\| ratio=0\.9\s+\|", (clone / "leaderboard.md").read_text())
+
+
+def test_a_case_label_names_its_own_settings_that_change_what_is_computed():
+    """From the case alone: defaults unnamed, a setting that does nothing in this case (training steps of an
+    untrained model, a server step without warm-up rounds) unnamed, the protocol left to the defense's name."""
+    from gleak.aggregate import case_variant
+    from gleak.config import CaseConfig
+
+    base = CaseConfig(dataset="skimage", model="mlp").to_dict()
+    assert case_variant(base) == "" and case_variant({**base, "resolution": None}) == ""
+    assert case_variant({**base, "train_steps": 300, "server_lr": 0.01}) == ""
+    assert case_variant({**base, "model_state": "trained", "train_steps": 300}) == "model_state=trained, train_steps=300"
+    assert case_variant({**base, "rounds": 4, "server_lr": 0.01, "resolution": 16}) == "resolution=16, rounds=4, server_lr=0.01"
+    assert case_variant({**base, "protocol": "fedavg", "clients": 4}) == "clients=4"
