@@ -53,17 +53,18 @@ def test_every_format_carries_accuracy_and_epsilon(out):
 def test_figures_are_written_by_run_and_by_plot(out, capsys):
     folder, env = out
     names = sorted(p.name for p in (folder / "figures").glob("*.png"))
-    assert names == ["frontier.png", "reconstructions_skimage_mlp_2.png", "strength_noise_sigma.png",
+    grid_name = "reconstructions_skimage_mlp_2_model_params_hidden_32_resolution_16.png"  # the case's own settings
+    assert names == ["frontier.png", grid_name, "strength_noise_sigma.png",
                      "strength_topk_ratio.png", "utility_curves.png"], names  # fmt: skip
     for n in names:
         img = _png(folder / "figures" / n)
         assert img.shape[0] > 200 and img.shape[1] > 300 and img.std() > 10, n  # drawn, not blank
-    grid = _png(folder / "figures" / "reconstructions_skimage_mlp_2.png")
+    grid = _png(folder / "figures" / grid_name)
     shutil.rmtree(folder / "figures")
     r = subprocess.run([sys.executable, "-m", "gleak", "plot", str(folder)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (folder / "figures").glob("*.png")) == names
-    assert np.array_equal(_png(folder / "figures" / "reconstructions_skimage_mlp_2.png"), grid)
+    assert np.array_equal(_png(folder / "figures" / grid_name), grid)
     from gleak.cli import main
 
     assert main(["plot", str(folder / "nope")]) == 2 and "nope: no such folder" in capsys.readouterr().err
