@@ -1,8 +1,9 @@
 # %% [markdown]
 # # gleak from Python: one attack, one defense, a small suite, the frontier
 #
-# A percent-format script: run it as `python examples/walkthrough.py`, or open it as a notebook (VS Code, PyCharm
-# and Spyder run `# %%` cells; `jupytext --to notebook examples/walkthrough.py` makes an .ipynb). It writes into
+# A percent-format script: run it as `python examples/walkthrough.py`, or open `examples/walkthrough.ipynb`, the
+# same cells as a notebook (generated from this file: `jupytext --to notebook examples/walkthrough.py`; VS Code,
+# PyCharm and Spyder also run the `# %%` cells of this file). It writes into
 # `$GLEAK_EXAMPLE_OUT` (default `walkthrough-out/` in the current folder) and takes about half a minute on one core.
 # tests/test_examples.py runs it, so it cannot rot.
 
@@ -11,6 +12,11 @@ import os
 from pathlib import Path
 
 import gleak
+
+try:  # in a notebook (examples/walkthrough.ipynb): the cells below show their figures
+    get_ipython().run_line_magic("matplotlib", "inline")  # noqa: F821 - IPython's builtin
+except NameError:  # run as a script: the figures are written to files
+    pass
 
 OUT = Path(os.environ.get("GLEAK_EXAMPLE_OUT", "walkthrough-out"))
 OUT.mkdir(parents=True, exist_ok=True)

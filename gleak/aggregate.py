@@ -25,13 +25,17 @@ CASE_KEYS = ["dataset", "model", "batch_size"]
 
 
 
-def varying_keys(df: pd.DataFrame, kind: str) -> dict[str, set[str]]:
-    """For each plugin name, the parameters whose value differs between the suite's configurations of it."""
+def varying_keys(df: pd.DataFrame, kind: str, set_params: dict[str, dict[str, list[str]]] | None = None) -> dict[str, set[str]]:
+    """For each plugin name, the parameters the reports name beside it whatever their value: those whose value
+    differs between the suite's configurations of it, and those its suite file sets (`set_params`, the store's meta
+    of that name: kind -> name -> keys), so that 'ratio = 0.9' written in the file is shown, default or not."""
     out: dict[str, set[str]] = {}
+    written = (set_params or {}).get(kind, {})
     for name, g in df.groupby(kind):
         dicts = [json.loads(s) for s in g[f"{kind}_params"].dropna().unique()]
         keys = set().union(*dicts) if dicts else set()
         out[name] = {k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in dicts}) > 1}
+        out[name] |= {k for k in written.get(str(name).rpartition("+")[2], ()) if k in keys}  # 'cgd+none': none's
     return out
 
 
@@ -57,18 +61,72 @@ def _numeric_extras(series: pd.Series) -> dict[str, float]:
     return {k: float(np.mean(v)) for k, v in vals.items()}
 
 
+# Case keys a variant never names: the three of every label, and the protocol, which names the defense already
+# (protocol_pairs: 'cgd+none'); download says how the data arrived, not what was computed.
+_UNLABELLED = {*CASE_KEYS, "protocol", "download"}
+# Case keys holding a plugin's parameters, stored with its defaults filled in: the plugin kind and the case key
+# naming it, so that only the parameters that differ from that plugin's defaults name the variant.
+_PLUGIN_PARAMS = {"model_params": ("model", "model"), "protocol_params": ("protocol", "protocol")}
+
+
+# Case keys that change nothing unless another key says so (gleak.pretrain, gleak.protocol): left out of a label
+# where they are idle, so an untrained model's label does not carry the training steps a trained one would take.
+_IDLE_UNLESS = {
+    "train_steps": lambda c: c.get("model_state") == "trained", "train_lr": lambda c: c.get("model_state") == "trained",
+    "train_batch_size": lambda c: c.get("model_state") == "trained", "train_seed": lambda c: c.get("model_state") == "trained",
+    "local_steps": lambda c: c.get("update") == "fedavg",
+    "local_lr": lambda c: c.get("update") == "fedavg" or bool(c.get("rounds")),
+    "server_lr": lambda c: bool(c.get("rounds")),
+}  # fmt: skip
+
+
+def _non_default_params(kind: str, name: Any, params: Any) -> dict[str, Any]:
+    from gleak.errors import InputError
+    from gleak.registry import plugin_info
+
+    if not isinstance(params, dict):
+        return {}
+    try:
+        defaults = plugin_info(kind, str(name)).defaults()
+    except InputError:  # a plugin that is not loaded now: every parameter names the variant
+        return dict(params)
+    return {k: v for k, v in params.items() if k not in defaults or defaults[k] != v}
+
+
+def case_variant(case: dict[str, Any]) -> str:
+    """The case settings beyond data set, model and batch size that differ from their defaults, as 'k=v, ...'
+    (for example model_state=trained), so that such trials are not averaged together; '' where none do.
+
+    Read from the case alone, never from the other trials of the suite: the same case has the same label in every
+    folder (so gleak compare pairs it), and a case that does not set resolution is never labelled resolution=None
+    because another grid of its suite set one."""
+    from gleak.config import CaseConfig
+
+    defaults = CaseConfig().to_dict()
+    shown = []
+    for k in sorted(case):
+        if k in _UNLABELLED or (k in _IDLE_UNLESS and not _IDLE_UNLESS[k](case)):
+            continue
+        v = case[k]
+        if k in _PLUGIN_PARAMS:
+            kind, named_by = _PLUGIN_PARAMS[k]
+            v = _non_default_params(kind, case.get(named_by, defaults.get(named_by)), v)
+            if v:
+                shown.append(f"{k}={v}")
+        elif k not in defaults or json.dumps(v, sort_keys=True) != json.dumps(defaults[k], sort_keys=True):
+            shown.append(f"{k}={v}")
+    return ", ".join(shown)
+
+
 def case_variants(df: pd.DataFrame) -> pd.Series:
-    """Per trial, the case settings that differ between trials of one dataset/model/batch size (for example
-    model_state=trained), as 'k=v, ...', so that such trials are not averaged together; '' where none differ."""
+    """Per trial, its `case_variant` ('' where its case is at the defaults beyond data set, model and batch size)."""
     out = pd.Series("", index=df.index, dtype=object)
     if "case" not in df.columns:
         return out
-    for _, g in df.groupby(CASE_KEYS, sort=False, dropna=False):
-        cases = {i: json.loads(s) if isinstance(s, str) and s else {} for i, s in g["case"].items()}
-        keys = sorted(set().union(*cases.values()) - set(CASE_KEYS))
-        varying = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in cases.values()}) > 1]
-        for i, c in cases.items():
-            out[i] = ", ".join(f"{k}={c.get(k)}" for k in varying)
+    seen: dict[str, str] = {}  # a suite has few distinct cases and many trials
+    for i, s in df["case"].items():
+        if isinstance(s, str) and s:
+            out[i] = seen[s] if s in seen else seen.setdefault(s, case_variant(json.loads(s)))
     return out
 
 

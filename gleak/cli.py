@@ -22,9 +22,13 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gleak.errors import InputError
 from gleak.escaping import strip_controls
+
+if TYPE_CHECKING:
+    from gleak.runner import RunSummary
 
 EXIT_OK, EXIT_FAILED_TRIALS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -106,12 +110,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     )  # fmt: skip (the reports: once the run stored everything, from the store, before the run lets the folder go)
     dt = time.perf_counter() - t0
     print(
-        f"gleak: {summary.ran} trials run, {summary.skipped} already stored, {summary.failed} failed, {dt:.1f} s",
+        f"gleak: {_run_counts(summary)}, {dt:.1f} s",
         file=sys.stderr,
     )
     print(f"leaderboard: {out / 'leaderboard.md'}")
     print(f"results:     {out / 'results.csv'}")
     return summary.exit_code
+
+
+def _run_counts(summary: "RunSummary") -> str:
+    """'N trials run: a ok, b failed, c not applicable, S already stored' (and the suite's failures where earlier
+    runs or its utility runs add to this run's): a trial its attack cannot handle is neither ok nor failed."""
+    failed_now = summary.ran - summary.ok - summary.not_applicable
+    counts = f": {summary.ok} ok, {failed_now} failed, {summary.not_applicable} not applicable" if summary.ran else ""
+    text = f"{summary.ran} trials run{counts}, {summary.skipped} already stored"
+    if summary.failed != failed_now:
+        text += f" ({summary.failed} failed in the whole suite, stored trials and utility runs included)"
+    return text
 
 
 def _check_lpips(flag: str | None) -> None:
@@ -184,15 +199,17 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     from gleak.folder import claim_results
     from gleak.report import write_folder_reports as write_reports
     from gleak.store import check_store
-    from gleak.reconstructions import parse_metrics, rescore
+    from gleak.reconstructions import coverage_text, parse_metrics, rescore_counts
 
     _check_lpips(args.lpips_backbone)
     metrics = parse_metrics(args.metrics)
     claim_results(args.dir, check_store)  # as `gleak leaderboard`: gleak's folder, no user's file where a report goes
     paths = {}
     # The reports under the lock that the rescoring holds: no run writes the folder in between.
-    n = rescore(args.dir, metrics, args.lpips_backbone, then=lambda: paths.update(write_reports(args.dir, locked=True)))
-    print(f"gleak: rescored {', '.join(metrics)} of {n} trials from their stored reconstructions", file=sys.stderr)
+    n, cov = rescore_counts(args.dir, metrics, args.lpips_backbone,
+                            then=lambda: paths.update(write_reports(args.dir, locked=True)))  # fmt: skip
+    print(f"gleak: rescored {', '.join(metrics)} of {n} trials from their stored reconstructions: {coverage_text(n, cov)}",
+          file=sys.stderr)  # fmt: skip
     for p in paths.values():
         print(p)
     return EXIT_OK
@@ -246,13 +263,13 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
         raise InputError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     if target.endswith(".py") or Path(target).is_file():
         args.plugin_file = str(Path(target).resolve())
-        pairs = [p for p in registry.load_plugin_file(target) if p[0] in ("attack", "defense", "protocol")]
+        pairs = [p for p in registry.load_plugin_file(target) if p[0] in ("attack", "defense", "protocol", "model")]
         # A protocol registered as a defense too (as_defense) is checked once, as the protocol.
         pairs = [p for p in pairs if not (p[0] == "defense" and registry.plugin_info("defense", p[1]).protocol)]
         if not pairs:
-            raise InputError(f"{target}: registers no attack, defense or protocol")
+            raise InputError(f"{target}: registers no attack, defense, protocol or model")
     else:
-        kinds = [args.kind] if args.kind else ["attack", "defense", "protocol"]
+        kinds = [args.kind] if args.kind else ["attack", "defense", "protocol", "model"]
         pairs = [(k, target) for k in kinds if target in registry.list_plugins(k)]
         if not args.kind and ("protocol", target) in pairs:  # cgd is both: check it once, as the protocol
             pairs = [p for p in pairs if p[0] != "defense"]
@@ -336,6 +353,13 @@ def show_text(kind: str, name: str) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    if not args.plugin:  # a built-in, read from its source: no torch import (None: only the registry can tell)
+        from gleak.plugin_source import show_text as from_source
+
+        text = from_source(args.kind, args.name)
+        if text is not None:
+            print(text)
+            return EXIT_OK
     _load_plugins(args.plugin)
     print(strip_controls(show_text(args.kind, args.name)))  # the docstring and defaults are the plugin's text
     return EXIT_OK
@@ -349,6 +373,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     moved = both[both["beyond_spread"]]
     print(f"{args.dir1} (A) vs {args.dir2} (B): {len(both)} cells in both, {len(moved)} moved beyond their spread, "
           f"{int((table['in'] == 'A').sum())} only in A, {int((table['in'] == 'B').sum())} only in B")  # fmt: skip
+    for _, r in moved.iterrows():  # by name: a count alone sends the reader hunting through the table
+        print(f"  moved: {r['case']}, {r['defense']} x {r['attack']}: PSNR {r['psnr_a']:.3g} -> {r['psnr_b']:.3g} dB "
+              f"({r['d_psnr']:+.3g}, spread {r['spread']:.3g})")  # fmt: skip
     shown = table if args.all else table[(table["in"] != "both") | table["beyond_spread"] | table["changed"]]
     if len(shown):
         cols = ["case", "defense", "attack", "in", "trials_a", "trials_b", "psnr_a", "psnr_b", "d_psnr", "spread",
@@ -427,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cp = sub.add_parser("check-plugin", help="conformance check of a plugin (a registered name or a .py file)")
     cp.add_argument("target")
-    cp.add_argument("--kind", choices=["attack", "defense", "protocol"])
+    cp.add_argument("--kind", choices=["attack", "defense", "protocol", "model"])
     cp.add_argument("--timeout", type=float, default=600.0, help="seconds for all checks of one plugin (default 600)")
     cp.set_defaults(func=cmd_check_plugin)
     _add_workflow_commands(sub)

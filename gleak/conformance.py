@@ -12,7 +12,8 @@ tiny tensors, a well-formed client gradient, and no round hooks (those are a Pro
 `observe` would be silently ignored). Protocols: every method on a small MLP with three clients: the clients'
 models (ownership: the server's model untouched), a client's update, the observer's view and model, the server's
 step (new models that moved, the old ones untouched), two rounds of run_rounds (deterministic under a seed) and a
-utility run.
+utility run. Models: built for a case, (batch, classes) finite logits, parameters named in a state dict whose layout
+does not depend on the seed, the same weights under the same seed, and a short trial on it.
 """
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ CHECK_NAMES = {
     "protocol": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
                  "client models", "client update well formed", "observer view well formed", "observer model",
                  "server step moves the models", "rounds run deterministically", "trains for utility"],
+    "model": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
+              "builds for a case", "forward shape", "parameter names", "deterministic under a seed",
+              "a trial runs on it"],
 }  # fmt: skip
 # Methods of a Protocol that a Defense no longer has: defining one on a defense is a mistake the trial would ignore.
 ROUND_HOOKS = ("observe", "client_models", "observed_rounds", "next_models", "observer_model", "train_utility", "server_step")
@@ -85,9 +89,11 @@ def _own_doc(obj: Any) -> Check:
 def _meta_checks(kind: str, name: str) -> list[Check]:
     info = registry.plugin_info(kind, name)
     out = [_own_doc(info.obj), Check("docstring summary", bool(info.summary), info.summary or "the class has no docstring")]
-    required = [p.name for p in info.params.values() if p.default is inspect.Parameter.empty]
+    reserved = registry._registry(kind).reserved  # a model's input_shape and num_classes come from the case
+    params = [p for p in info.params.values() if p.name not in reserved]
+    required = [p.name for p in params if p.default is inspect.Parameter.empty]
     out.append(Check("parameters have defaults", not required, ", ".join(required)))
-    untyped = [p.name for p in info.params.values() if p.annotation is Any]
+    untyped = [p.name for p in params if p.annotation is Any]
     out.append(Check("parameters are typed", not untyped, ", ".join(untyped)))
     return out
 
@@ -427,6 +433,81 @@ def check_defense(name: str, params: dict[str, Any] | None = None) -> list[Check
     return checks
 
 
+# ---- models -----------------------------------------------------------------------------------------------------
+# The case a model is built for: the standard attack case's data (16 px RGB photographs, 10 classes).
+MODEL_CASE = CASES[0]
+
+
+def check_model(name: str, params: dict[str, Any] | None = None) -> list[Check]:
+    """A model plugin: built for a case's input shape and classes, it maps a batch to (batch, classes) finite
+    logits, names its parameters as a state dict can be saved and loaded (`model_state = "file:PATH"`), builds the
+    same weights under the same seed, and a short trial (inverting gradients, a few iterations) runs on it."""
+    params = dict(params or {})
+    checks = _meta_checks("model", name)
+    case = replace(MODEL_CASE, model=name, model_params=params)
+    ds = load_case_data(TrialConfig("check", "none", {}, "none", {}, case, 0))
+
+    def build(seed: int) -> torch.nn.Module:
+        return create_model(name, ds.input_shape, ds.num_classes, seed=seed, **params)
+
+    try:
+        model = build(0)
+        if not isinstance(model, torch.nn.Module):
+            raise PluginContractError(f"returned {type(model).__name__}, not a torch.nn.Module")
+    except Exception as exc:  # noqa: BLE001 - the check reports what went wrong, the rest cannot run
+        checks.append(Check("builds for a case", False, f"{type(exc).__name__}: {exc}"))
+        return checks + [Check(n, False, "the model did not build") for n in CHECK_NAMES["model"][5:]]
+    checks.append(Check("builds for a case", True, f"input {tuple(ds.input_shape)}, {ds.num_classes} classes"))
+    built = _state(model)  # before the forward pass moves BatchNorm's running statistics
+    checks.append(_run("forward shape", lambda: _forward_problem(model, ds)))
+    checks.append(_run("parameter names", lambda: _names_problem(model, build(1))))
+    checks.append(_run("deterministic under a seed", lambda: "" if _tensors_equal(built, _state(build(0)))
+                       else "two builds under seed 0 have different weights (draw them from torch's seeded generator)"))
+    checks.append(_run("a trial runs on it", lambda: _trial_problem(case)))
+    return checks
+
+
+def _forward_problem(model: torch.nn.Module, ds: Any) -> str:
+    x = ds.normalized(torch.arange(2)).to(torch.float32)
+    out = model(x)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, ds.num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return f"a batch of 2 gave {shape}, expected (2, {ds.num_classes}) logits"
+    if not torch.isfinite(out).all():
+        return "the logits have NaN or infinity"
+    if not any(p.requires_grad for p in model.parameters()):
+        return "no trainable parameter: there is no gradient to attack"
+    return ""
+
+
+def _names_problem(model: torch.nn.Module, other: torch.nn.Module) -> str:
+    """Every parameter is in the state dict under its name, and another seed's build has the same names and shapes
+    (a checkpoint saved from one build loads into another: model_state = "file:PATH")."""
+    state = model.state_dict()
+    missing = [n for n, _ in model.named_parameters() if n not in state]
+    if missing:
+        return f"parameters missing from the state dict: {', '.join(missing[:3])}"
+    layout = {k: tuple(v.shape) for k, v in state.items()}
+    other_layout = {k: tuple(v.shape) for k, v in other.state_dict().items()}
+    if layout != other_layout:
+        diff = sorted(set(layout.items()) ^ set(other_layout.items()))
+        return f"the layout depends on the seed: {diff[0][0]!r} differs between builds"
+    try:
+        copy.deepcopy(other).load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001
+        return f"its own state dict does not load back: {type(exc).__name__}: {exc}"
+    return ""
+
+
+def _trial_problem(case: CaseConfig) -> str:
+    from gleak.trial import run_trial
+
+    cfg = TrialConfig("check", "inverting-gradients", registry.check_params("attack", "inverting-gradients",
+                      {"iterations": 2, "tv": 1e-4}), "none", {}, case, 0)  # fmt: skip
+    row = run_trial(cfg)
+    return "" if row["status"] == "ok" else f"the trial {row['status']}: {row.get('error')}"
+
+
 def check_plugin(kind: str, name: str, params: dict[str, Any] | None = None) -> list[Check]:
     """Every check of plugin `name` of `kind`. A defense that is a protocol's historical spelling (cgd) is checked
     as the protocol it is."""
@@ -437,7 +518,9 @@ def check_plugin(kind: str, name: str, params: dict[str, Any] | None = None) -> 
         return check_protocol(info.protocol, params) if info.protocol else check_defense(name, params)
     if kind == "protocol":
         return check_protocol(name, params)
-    raise ValueError(f"check-plugin checks attacks, defenses and protocols, not {kind!r}")
+    if kind == "model":
+        return check_model(name, params)
+    raise ValueError(f"check-plugin checks attacks, defenses, protocols and models, not {kind!r}")
 
 
 # ---- protocols --------------------------------------------------------------------------------------------------

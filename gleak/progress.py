@@ -61,3 +61,38 @@ def line_printer(label: str, stream: TextIO | None = None, every_seconds: float 
         print(f"gleak: {label}: iteration {step}/{total}{shown}", file=stream or sys.stderr, flush=True)
 
     return sink
+
+
+def fanout(*sinks: Sink | None) -> Sink | None:
+    """One sink handing every report to each of `sinks` (the Nones left out); None when none is left."""
+    live = [s for s in sinks if s is not None]
+    if not live:
+        return None
+    if len(live) == 1:
+        return live[0]
+
+    def sink(step: int, total: int, loss: Any) -> None:
+        for s in live:
+            s(step, total, loss)
+
+    return sink
+
+
+# How often (seconds) a worker tells the run where its trial is: often enough for the bar to move, seldom enough
+# that a loop of tiny iterations spends nothing on it.
+SEND_EVERY_SECONDS = 0.5
+
+
+def throttled(send: Callable[[int, int], None], every_seconds: float = SEND_EVERY_SECONDS) -> Sink:
+    """A sink passing (step, total) to `send` at the first and the last iteration and at most every
+    `every_seconds` between (the loss stays in the worker: the bar does not show it)."""
+    last = [-math.inf]
+
+    def sink(step: int, total: int, loss: Any) -> None:
+        now = time.monotonic()
+        if step not in (1, total) and now - last[0] < every_seconds:
+            return
+        last[0] = now
+        send(step, total)
+
+    return sink

@@ -132,6 +132,39 @@ def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[s
 def rescore(folder: str | Path, metrics: list[str], lpips_weights: str | None = None, then=None) -> int:
     """Recompute `metrics` of every stored reconstruction in FOLDER's store, under its lock; returns how many.
     then(): called still under the lock once the scores are stored (`gleak rescore` writes the reports there)."""
+    return rescore_counts(folder, metrics, lpips_weights, then)[0]
+
+
+def coverage(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], metrics: list[str],
+             lpips_weights: str | None = None) -> dict[str, tuple[int, str | None]]:  # fmt: skip
+    """metric -> (how many of the rescored rows got a value, why the others did not, None where all did): a count
+    of rows rescored says nothing when LPIPS gave none of them a value for want of its backbone weights."""
+    from gleak.metrics import lpips_available
+
+    out: dict[str, tuple[int, str | None]] = {}
+    for m in metrics:
+        key = RESCORABLE[m][0]
+        got = sum((cols.get(key) if key in cols else extra.get(key)) is not None for _, cols, extra in rows)
+        why = None
+        if got < len(rows):
+            if m == "lpips" and not lpips_available(lpips_weights):
+                why = "no backbone weights: pass --lpips-backbone"
+            elif m == "label_acc":
+                why = "the attack recovered no labels"
+            else:
+                why = "undefined for those reconstructions"
+        out[m] = (got, why)
+    return out
+
+
+def coverage_text(n: int, cov: dict[str, tuple[int, str | None]]) -> str:
+    """'lpips: 0 of 24 trials (no backbone weights: pass --lpips-backbone); psnr: 24 of 24 trials'."""
+    return "; ".join(f"{m}: {got} of {n} trials" + (f" ({why})" if why else "") for m, (got, why) in cov.items())
+
+
+def rescore_counts(folder: str | Path, metrics: list[str], lpips_weights: str | None = None,
+                   then=None) -> tuple[int, dict[str, tuple[int, str | None]]]:  # fmt: skip
+    """`rescore`, with how many of the rescored trials got each metric and why any did not (`coverage`)."""
     from gleak.store import Store, release_lock, take_lock
 
     folder = Path(folder)
@@ -156,4 +189,4 @@ def rescore(folder: str | Path, metrics: list[str], lpips_weights: str | None = 
             then()
     finally:
         release_lock(lock, tidy=True)  # a lock file it had to create (a fresh clone's folder) goes again
-    return len(rows)
+    return len(rows), coverage(rows, metrics, lpips_weights)

@@ -66,7 +66,8 @@ def _load(folder: Path) -> dict[str, Any]:
         rule = store.get_meta("verdict", "margin") or "margin"
         return {"df": apply_verdicts(results_frame(store), rule), "utility": utility_frame(store), "rule": rule,
                 "utility_cfg": utility_config(store), "suite": store.get_meta("suite", folder.name),
-                "description": store.get_meta("description", "")}  # fmt: skip
+                "description": store.get_meta("description", ""),
+                "set_params": store.get_meta("set_params", None) or {}}  # fmt: skip
     finally:
         store.close()
 
@@ -99,7 +100,7 @@ def _load_committed(folder: Path) -> dict[str, Any]:
     rule = meta.get("verdict", "margin")
     return {"df": apply_verdicts(df, rule), "utility": utility, "rule": rule,
             "utility_cfg": UtilityConfig.from_dict(cfg) if cfg else None, "suite": meta.get("suite", folder.name),
-            "description": meta.get("description", "")}  # fmt: skip
+            "description": meta.get("description", ""), "set_params": meta.get("set_params") or {}}  # fmt: skip
 
 
 def _slug(text: str) -> str:
@@ -213,7 +214,8 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
         return out
     agg = aggregate(df)
     dr = defense_ranking(agg, utility)
-    vd, va = varying_keys(df, "defense"), varying_keys(df, "attack")
+    sp = data.get("set_params")
+    vd, va = varying_keys(df, "defense", sp), varying_keys(df, "attack", sp)
     written: set[str] = set()
 
     def add(path: Path | None, caption: str) -> None:
@@ -244,6 +246,8 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
     meta = {"suite": suite, "description": description, "verdict": data["rule"],
             "utility_config": dataclasses.asdict(ucfg) if ucfg is not None else None,
             "claims": folder_claims(folder)}  # fmt: skip
+    if data["set_params"]:  # what a clone names beside each plugin (absent for folders run before it was kept)
+        meta["set_params"] = data["set_params"]
     _write_text(folder / META_JSON, json.dumps(meta, indent=1, sort_keys=True) + "\n")  # what a clone rebuilds from
     paths[META_JSON] = folder / META_JSON
     if utility is not None:
@@ -260,13 +264,13 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
     ar = attack_ranking(agg, df)
     figures = write_figures(folder, data)
     doc = leaderboard_document(suite, description, df, agg, dr, ar, utility, leaderboard_notes(df), data["utility_cfg"],
-                               figures, data["rule"])  # fmt: skip
+                               figures, data["rule"], data["set_params"])  # fmt: skip
     doc = with_claims(doc, folder, df, agg)  # the suite's published claims and the DP bound (gleak.claims)
     _write_text(folder / "leaderboard.md", render_markdown(doc))
     _write_text(folder / "leaderboard.html", render_html(doc, folder))
     _write_text(folder / "leaderboard.csv", tables.ranking_csv(dr))
     _write_text(folder / "leaderboard_by_case.csv", tables.by_case_csv(agg))
-    _write_text(folder / "leaderboard.tex", tables.ranking_tex(dr, df))
+    _write_text(folder / "leaderboard.tex", tables.ranking_tex(dr, df, data["set_params"]))
     names = ("leaderboard.md", "leaderboard.html", "leaderboard.csv", "leaderboard_by_case.csv", "leaderboard.tex")
     paths.update({n: folder / n for n in names})
     paths.update({rel: folder / rel for rel, _ in figures})

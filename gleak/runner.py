@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from gleak.config import CaseConfig, TrialConfig
 from gleak.errors import InputError
-from gleak.store import DB_NAME, DONE, LOCK_NAME, CommitThread, Store, check_store, check_unlocked, read_meta, release_lock, take_lock
+from gleak.store import DB_NAME, DONE, LOCK_NAME, NOT_APPLICABLE, CommitThread, Store, check_store, check_unlocked, read_meta, release_lock, take_lock
 from gleak.suite import Suite
 from gleak.workers import Finished, TrialEnv, run_in_process, run_pool
 
@@ -41,7 +41,9 @@ class RunSummary:
     total: int
     skipped: int
     ran: int
-    failed: int
+    failed: int  # over the whole suite (also trials stored failed by an earlier run) and its utility runs
+    ok: int = 0  # of this run's trials
+    not_applicable: int = 0  # of this run's trials: the plugin cannot handle the case (UnsupportedCase)
 
     @property
     def exit_code(self) -> int:
@@ -120,9 +122,13 @@ def longest_first(trials: list[TrialConfig], costs: dict[str, float]) -> list[Tr
 # -- progress ---------------------------------------------------------------------------------------------------
 class Progress:
     """tqdm bar on stderr: trials done of total, failed, and the time left, estimated from the work done so far
-    (weighted by estimated cost, so long trials first do not make the estimate too pessimistic)."""
+    (weighted by estimated cost, so long trials first do not make the estimate too pessimistic). Inside a trial the
+    bar moves too: `inside` (the workers' reports of their attack loops) counts a running trial's share of its
+    loop's iterations as that share of its cost done, and shows the iterations of the latest."""
 
     def __init__(self, total: int, total_cost: float, enabled: bool):
+        import threading
+
         from tqdm import tqdm
 
         self.bar = tqdm(
@@ -130,19 +136,37 @@ class Progress:
             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} trials [{elapsed}{postfix}]",
         )  # fmt: skip
         self.total_cost, self.done_cost, self.failed = total_cost, 0.0, 0
+        self.running: dict[str, tuple[float, float]] = {}  # trial id -> (its cost, the share of its loop done)
+        self.iterations = ""  # 'trial 3f2a: 1,200/24,000 it' of the trial reported last
+        self.lock = threading.Lock()  # updates come from the writer thread (rows) and the runner's (iterations)
         self.t0 = time.perf_counter()
         self.bar.set_postfix_str("failed 0, left ?", refresh=False)
 
-    def update(self, cost: float, ok: bool) -> None:
+    def _postfix(self) -> str:
         from tqdm import tqdm
 
-        self.done_cost += cost
-        self.failed += not ok
+        done = self.done_cost + sum(cost * share for cost, share in self.running.values())
         elapsed = time.perf_counter() - self.t0
-        left = max(0.0, self.total_cost - self.done_cost) * elapsed / self.done_cost if self.done_cost > 0 else None
+        left = max(0.0, self.total_cost - done) * elapsed / done if done > 0 else None
         eta = tqdm.format_interval(left) if left is not None else "?"
-        self.bar.set_postfix_str(f"failed {self.failed}, left {eta}", refresh=False)
-        self.bar.update(1)
+        return f"failed {self.failed}, left {eta}" + (f"; {self.iterations}" if self.iterations else "")
+
+    def inside(self, trial_id: str, cost: float, step: int, total: int) -> None:
+        """Iteration `step` of `total` of a running trial's attack loop (a loop that restarts counts each start
+        from 1 again: its share is that of the current start)."""
+        with self.lock:
+            self.running[trial_id] = (cost, min(1.0, max(0.0, step / total)) if total > 0 else 0.0)
+            self.iterations = f"trial {trial_id[:8]}: {step:,}/{total:,} it"
+            self.bar.set_postfix_str(self._postfix(), refresh=True)
+
+    def update(self, cost: float, ok: bool, trial_id: str | None = None) -> None:
+        with self.lock:
+            self.done_cost += cost
+            self.failed += not ok
+            if trial_id is not None and self.running.pop(trial_id, None) is not None:
+                self.iterations = ""
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
+            self.bar.update(1)
 
     def close(self) -> None:
         self.bar.close()
@@ -234,6 +258,7 @@ def _adopt_suite(store: Store, suite: Suite) -> None:
     store.set_meta("description", suite.description)
     store.set_meta("verdict", suite.verdict)  # the leaderboard's verdict rule
     store.set_meta("claims", suite.claims)  # the [[claim]] tables its leaderboard judges (gleak.claims)
+    store.set_meta("set_params", suite.set_params)  # the parameters its file sets: the reports name them
     store.set_membership(suite.trials)
 
 
@@ -302,24 +327,32 @@ def run_suite(
             on_start(len(todo), len(suite.trials) - len(todo))
         costs = {t.trial_id: costs_all[t.trial_id] for t in todo}
         todo = longest_first(todo, costs)
-        env = TrialEnv(lpips_weights, str(Path(out).absolute() / "images") if suite.save_images else None, tuple(plugin_files), threads, device, verbose)
+        bar_inside = progress and bool(todo) and ray is None  # Ray's tasks have no pipe back: their bar moves per trial
+        env = TrialEnv(lpips_weights, str(Path(out).absolute() / "images") if suite.save_images else None, tuple(plugin_files), threads, device, verbose,
+                       bar_inside)  # fmt: skip
         bar = stack.enter_context(contextlib.closing(Progress(len(todo), sum(costs.values()), progress and bool(todo))))
-        failed = 0
+        failed = ok = not_applicable = 0
 
         def stored(done: Finished) -> None:
-            nonlocal failed
+            nonlocal failed, ok, not_applicable
             for cfg, row in done:
                 failed += row["status"] not in DONE
-                bar.update(costs[cfg.trial_id], row["status"] in DONE)
+                ok += row["status"] == "ok"
+                not_applicable += row["status"] == NOT_APPLICABLE
+                bar.update(costs[cfg.trial_id], row["status"] in DONE, cfg.trial_id)
+
+        def inside(cfg: TrialConfig, step: int, total: int) -> None:
+            bar.inside(cfg.trial_id, costs[cfg.trial_id], step, total)
 
         writer = CommitThread(store, stored)
         try:
             if ray is not None:
                 ray.run(todo, env, writer.put, costs)
             elif in_process:
-                run_in_process(todo, env, writer.put)
+                run_in_process(todo, env, writer.put, inside if bar_inside else None)
             else:
-                run_pool(todo, env, workers or 1, writer.put, {t.trial_id: limits[t.trial_id] for t in todo if t.trial_id in limits})
+                run_pool(todo, env, workers or 1, writer.put, {t.trial_id: limits[t.trial_id] for t in todo if t.trial_id in limits},
+                         inside if bar_inside else None)  # fmt: skip
         finally:
             writer.close()  # everything finished is committed, also when interrupted
             manifest.add(f"images/{n}" for n in store.image_names())
@@ -333,5 +366,6 @@ def run_suite(
         failed_total = store.failed_members()  # over the whole suite, not only this run's trials
         if reports is not None:  # still under the lock: no `gleak leaderboard` writes the folder while they are written
             reports(out)
-    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed)
+    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed,
+                      ok, not_applicable)
 

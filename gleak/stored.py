@@ -27,7 +27,16 @@ SLACK = 1e-9  # float round-off at a bound (a cosine of 1.0000000000000004 is st
 STATUSES = ("ok", "failed", "not-applicable")
 VERDICTS = (None, "recovered", "partial", "defended")
 # Meta keys and the JSON type of each value (gleak.runner, gleak.utility write them).
-META_TYPES = {"suite": str, "description": str, "verdict": str, "claims": list, "utility": (dict, type(None))}
+META_TYPES = {"suite": str, "description": str, "verdict": str, "claims": list, "utility": (dict, type(None)),
+              "set_params": dict}  # fmt: skip
+
+
+def set_params_ok(value: Any) -> bool:
+    """Whether a set_params value has the shape gleak writes: kind -> plugin name -> list of parameter names."""
+    return isinstance(value, dict) and all(
+        isinstance(names, dict) and all(isinstance(keys, list) and all(isinstance(k, str) for k in keys)
+                                        for keys in names.values())
+        for names in value.values())  # fmt: skip
 
 
 def check_rows(con: sqlite3.Connection, where: str) -> None:
@@ -78,6 +87,8 @@ def meta_value(key: str, text: Any, where: str) -> Any:
         raise InputError(f"{where} table meta, key {key!r}: not the JSON value gleak writes there; restore the store from a copy")
     if key == "claims" and not all(isinstance(c, dict) for c in value):
         raise InputError(f"{where} table meta, key 'claims': an entry is not a table; restore the store from a copy")
+    if key == "set_params" and not set_params_ok(value):
+        raise InputError(f"{where} table meta, key 'set_params': not the JSON value gleak writes there; restore the store from a copy")
     return value
 
 
@@ -94,7 +105,8 @@ def _json(text: Any) -> Any:
 # -- a published folder without its store: results.csv and suite.json (gleak.report rebuilds from them) ---------
 CSV_NUMBERS = (*RANGES, "batch_size", "seed")
 CSV_JSON = ("attack_params", "defense_params", "case", "extra")
-SUITE_JSON_TYPES = {"suite": str, "description": str, "verdict": str, "claims": list, "utility_config": (dict, type(None))}
+SUITE_JSON_TYPES = {"suite": str, "description": str, "verdict": str, "claims": list, "utility_config": (dict, type(None)),
+                    "set_params": dict}  # fmt: skip
 
 
 def check_committed(folder: Path) -> None:
@@ -112,6 +124,8 @@ def check_committed(folder: Path) -> None:
         for key, kind in SUITE_JSON_TYPES.items():
             if key in doc and not isinstance(doc[key], kind):
                 raise InputError(f"{meta}: key {key!r} is not the JSON value gleak writes there; restore it from a copy")
+        if "set_params" in doc and not set_params_ok(doc["set_params"]):
+            raise InputError(f"{meta}: key 'set_params' is not the JSON value gleak writes there; restore it from a copy")
     path = folder / "results.csv"
     reader = csv.DictReader(io.StringIO(_read_text(path)))
     missing = [c for c in ("trial_id", "status", "attack", "defense") if c not in (reader.fieldnames or [])]

@@ -72,6 +72,9 @@ class Suite:
     verdict: str = "margin"  # the verdict rule of its leaderboard (gleak.metrics.VERDICT_RULES)
     claims: list[dict[str, Any]] = field(default_factory=list)  # the [[claim]] tables, validated (gleak.claims)
     device: str | None = None  # [suite] device, as written (gleak.device: resolved when the suite runs)
+    # kind -> plugin name -> the parameters the file sets for it: the reports show them with their values even where
+    # a value is the default (a stored configuration has every default filled in, so only the file says what was set)
+    set_params: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
 def _close(key: str, known: typing.Iterable[str]) -> str:
@@ -495,6 +498,22 @@ def _grid_tables(doc: dict[str, Any], grids: Any, where: _Where, name: str, seed
     return trials
 
 
+def _set_params(doc: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
+    """kind -> plugin name -> the parameter keys the (validated) file writes in its [[attack]] / [[defense]] tables,
+    top level and grids."""
+    out: dict[str, dict[str, set[str]]] = {}
+    specs = [doc, *(g for g in doc.get("grid", []) if isinstance(g, dict))]
+    for spec in specs:
+        for kind in ("attack", "defense"):
+            entries = spec.get(kind, [])
+            for entry in [entries] if isinstance(entries, dict) else entries:
+                if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                    name = registry.resolve_name(kind, entry["name"])
+                    out.setdefault(kind, {}).setdefault(name, set()).update(k for k in entry if k != "name")
+    shown = {kind: {n: sorted(keys) for n, keys in names.items() if keys} for kind, names in out.items()}
+    return {kind: names for kind, names in shown.items() if names}
+
+
 def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Suite:
     """Parse, validate and expand a suite file. Raises InputError (one line) on any problem."""
     path = Path(path)
@@ -544,7 +563,8 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     extras = {k: doc[k] for k in extra_tables if k in doc}
     utility = _utility(doc["utility"], where) if "utility" in doc and "utility" not in extra_tables else None
     claims = _claims(doc["claim"], where) if "claim" in doc and "claim" not in extra_tables else []
-    return Suite(name, path, list(unique.values()), description, save_images, extras, utility, verdict, claims, device)
+    return Suite(name, path, list(unique.values()), description, save_images, extras, utility, verdict, claims, device,
+                 _set_params(doc))
 
 
 CLAIM_KEYS = {"source", "claim", "setting", "defense", "defense_params", "attacks", "attack_params", "case", "expect"}

@@ -35,6 +35,7 @@ ATTEMPTS = 2  # a trial whose worker dies is run once more, then stored as faile
 
 Finished = list[tuple[TrialConfig, dict[str, Any]]]
 Record = Callable[[Finished], None]
+OnProgress = Callable[[TrialConfig, int, int], None]  # (trial, step, total) of the trial's attack loop
 
 
 @dataclass(frozen=True)
@@ -47,15 +48,24 @@ class TrialEnv:
     threads: int = 1
     device: str = "cpu"  # resolved (gleak.device.resolve): where trials compute
     verbose: bool = False  # each trial prints its attack's iterations to stderr (gleak.progress.line_printer)
+    bar: bool = False  # each trial tells the run's progress bar where its attack's loop is (gleak.progress.throttled)
 
 
-def progress_sink(cfg: TrialConfig, env: TrialEnv):
-    """The gleak.progress sink of a trial under `env` (None: its iterations are not shown)."""
-    if not env.verbose:
-        return None
-    from gleak.progress import line_printer
+def progress_sink(cfg: TrialConfig, env: TrialEnv, to_bar: Callable[[int, int], None] | None = None):
+    """The gleak.progress sink of a trial under `env`: its iterations printed (--verbose) and/or handed to `to_bar`
+    (the run's progress bar, throttled); None when neither listens."""
+    from gleak.progress import fanout, line_printer, throttled
 
-    return line_printer(f"trial {cfg.trial_id[:12]} {cfg.attack} seed {cfg.seed}")
+    printer = line_printer(f"trial {cfg.trial_id[:12]} {cfg.attack} seed {cfg.seed}") if env.verbose else None
+    return fanout(printer, throttled(to_bar) if to_bar is not None else None)
+
+
+# A worker's message about its trial's iterations, beside the trial's row on the same pipe: (PROGRESS, step, total).
+PROGRESS = "gleak-progress"
+
+
+def _is_progress(msg: Any) -> bool:
+    return isinstance(msg, tuple) and len(msg) == 3 and msg[0] == PROGRESS
 
 
 _prepared: TrialEnv | None = None
@@ -106,14 +116,15 @@ def _escape_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
-def guarded_trial(cfg: TrialConfig, env: TrialEnv, image_dir: str | None) -> dict[str, Any]:
+def guarded_trial(cfg: TrialConfig, env: TrialEnv, image_dir: str | None,
+                  to_bar: Callable[[int, int], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """`run_trial` in a worker, with what escapes its own handling (SystemExit, KeyboardInterrupt raised by a plugin,
     a row that cannot be built or sent) turned into this trial's failed row: the worker lives on."""
     from gleak.trial import run_trial
 
     t0 = time.perf_counter()
     try:
-        row = run_trial(cfg, env.lpips_weights, image_dir, device=env.device, progress=progress_sink(cfg, env))
+        row = run_trial(cfg, env.lpips_weights, image_dir, device=env.device, progress=progress_sink(cfg, env, to_bar))
         pickle.dumps(row)  # what the pipe (or Ray) will do with it: fail here, as this trial's failure
         return row
     except BaseException as exc:  # noqa: BLE001 - only in a worker, where SIGINT is ignored: a plugin raised it
@@ -223,8 +234,15 @@ def _worker_main(conn, env: TrialEnv) -> None:
             return
         if msg is None:
             return
+
+        def to_bar(step: int, total: int) -> None:  # where the trial is, for the run's bar (gleak.runner.Progress)
+            try:
+                conn.send((PROGRESS, step, total))
+            except OSError:
+                pass
+
         before = _descendants(os.getpid())
-        row = guarded_trial(TrialConfig.from_json(msg), env, env.image_dir)
+        row = guarded_trial(TrialConfig.from_json(msg), env, env.image_dir, to_bar if env.bar else None)
         _end_trial_children(before)  # a plugin's processes end with its trial
         try:
             conn.send(row)
@@ -295,8 +313,9 @@ class _Worker:
         self.conn.close()
 
 
-def run_in_process(todo: list[TrialConfig], env: TrialEnv, record: Record) -> None:
-    """Run the trials one after another in this process (plugin files are loaded here already)."""
+def run_in_process(todo: list[TrialConfig], env: TrialEnv, record: Record, on_progress: OnProgress | None = None) -> None:
+    """Run the trials one after another in this process (plugin files are loaded here already); on_progress gets
+    (trial, step, total) of each trial's attack loop."""
     import torch
 
     from gleak.trial import run_trial
@@ -305,7 +324,9 @@ def run_in_process(todo: list[TrialConfig], env: TrialEnv, record: Record) -> No
     torch.set_num_threads(env.threads)
     try:
         for cfg in todo:
-            record([(cfg, run_trial(cfg, env.lpips_weights, env.image_dir, device=env.device, progress=progress_sink(cfg, env)))])
+            to_bar = (lambda step, total, cfg=cfg: on_progress(cfg, step, total)) if on_progress is not None else None
+            record([(cfg, run_trial(cfg, env.lpips_weights, env.image_dir, device=env.device,
+                                    progress=progress_sink(cfg, env, to_bar)))])  # fmt: skip
     finally:
         torch.set_num_threads(previous)
 
@@ -313,8 +334,9 @@ def run_in_process(todo: list[TrialConfig], env: TrialEnv, record: Record) -> No
 class _Pool:
     """The worker processes of one `run_pool`, the trials waiting for one, and how often each trial was attempted."""
 
-    def __init__(self, todo: list[TrialConfig], env: TrialEnv, workers: int, timeouts: dict[str, float]):
-        self.ctx, self.env, self.timeouts = _context(), env, timeouts
+    def __init__(self, todo: list[TrialConfig], env: TrialEnv, workers: int, timeouts: dict[str, float],
+                 on_progress: OnProgress | None = None):  # fmt: skip
+        self.ctx, self.env, self.timeouts, self.on_progress = _context(), env, timeouts, on_progress
         self.queue = deque(todo)
         self.attempts: dict[str, int] = {}
         self.workers = [_Worker(self.ctx, env) for _ in range(min(workers, len(todo)))]
@@ -341,21 +363,28 @@ class _Pool:
         retried on a fresh worker, up to ATTEMPTS times)."""
         w = self.workers[i]
         limit = self.timeouts.get(w.task.trial_id)
-        if w.conn not in ready and w.proc.sentinel not in ready:
+        row, progressed = None, False
+        if w.conn in ready or w.proc.sentinel in ready:
+            try:
+                while row is None and w.conn.poll():
+                    msg = w.conn.recv()
+                    if _is_progress(msg):  # where the trial is: the bar's, then on to the row
+                        progressed = True
+                        if self.on_progress is not None:
+                            self.on_progress(w.task, msg[1], msg[2])
+                    else:
+                        row = msg
+            except (EOFError, OSError):
+                pass
+        if row is not None:
+            done.append((w.task, row))
+            w.task = None
+            return
+        if (w.conn not in ready and w.proc.sentinel not in ready) or (progressed and w.proc.sentinel not in ready):
             if limit is not None and now - w.t0 >= limit:  # hung (or just too slow): not retried
                 done.append((w.task, timed_out_row(w.task, limit, now - w.t0)))
                 w.stop()
                 self.workers[i] = _Worker(self.ctx, self.env)
-            return
-        row = None
-        try:
-            if w.conn.poll():
-                row = w.conn.recv()
-        except (EOFError, OSError):
-            pass
-        if row is not None:
-            done.append((w.task, row))
-            w.task = None
             return
         # No result, and the pipe or the process says it is gone: the worker died under this trial.
         w.proc.join(5)
@@ -370,12 +399,14 @@ class _Pool:
 
 
 def run_pool(
-    todo: list[TrialConfig], env: TrialEnv, workers: int, record: Record, timeouts: dict[str, float] | None = None
+    todo: list[TrialConfig], env: TrialEnv, workers: int, record: Record, timeouts: dict[str, float] | None = None,
+    on_progress: OnProgress | None = None,
 ) -> None:
     """Run the trials on `workers` processes in the order given; `record` gets the results as they arrive (those
     that arrive together in one call, so that they are stored in one transaction). timeouts: trial_id -> seconds
-    after which the trial's worker is killed and the trial stored as timed out (none when absent)."""
-    pool = _Pool(todo, env, workers, timeouts or {})
+    after which the trial's worker is killed and the trial stored as timed out (none when absent). on_progress: gets
+    (trial, step, total) as the workers say where their trials' attack loops are (with env.bar)."""
+    pool = _Pool(todo, env, workers, timeouts or {}, on_progress)
     try:
         pool.hand_out()
         while any(w.task for w in pool.workers):

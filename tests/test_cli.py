@@ -211,7 +211,8 @@ def test_sigkill_halfway_then_resume_recomputes_nothing(tmp_path, gleak_cmd, run
     rows = con.execute("SELECT trial_id, finished_at FROM trials").fetchall()
     assert len(rows) == 300 and len({t for t, _ in rows}) == 300
     assert all(dict(rows)[t] == f for t, f in first.items())  # finished trials were not recomputed
-    assert f"{300 - len(first)} trials run, {len(first)} already stored" in r.stderr
+    n = 300 - len(first)
+    assert f"{n} trials run: {n} ok, 0 failed, 0 not applicable, {len(first)} already stored" in r.stderr
     assert len(list(csv.DictReader((out / "results.csv").open()))) == 300
 
 

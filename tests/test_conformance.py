@@ -74,3 +74,49 @@ def test_an_attack_that_crashes_on_other_cases_fails(tmp_path):
     failed = {c.name for c in check_plugin("attack", "test-bad-attack") if not c.passed}
     assert "unsupported cases raise UnsupportedCase only" in failed
     assert "deterministic under a seed" in failed  # torch.rand ignores the generator
+
+
+def test_the_example_model_plugin_passes_gleak_check_plugin_and_docs_show_it():
+    """`gleak check-plugin examples/my_model.py` as docs/models.md gives it: every model check passes, exit 0; the
+    page shows the file as it is."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    path = root / "examples" / "my_model.py"
+    assert path.read_text().strip() in (root / "docs" / "models.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "gleak", "check-plugin", str(path)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0] == "model tiny-cnn:" and done.stdout.rstrip().endswith("all checks passed")
+    assert all(f"  PASS  {name}" in done.stdout for name in CHECK_NAMES["model"]), done.stdout
+    assert done.stderr == "", done.stderr
+
+
+def test_a_model_with_wrong_logits_and_unseeded_weights_fails_those_checks(tmp_path):
+    from gleak.registry import load_plugin_file
+
+    f = tmp_path / "bad_model.py"
+    f.write_text(textwrap.dedent('''
+        import os
+        import torch
+        from torch import nn
+        from gleak import register_model
+
+        @register_model("test-bad-model")
+        def bad(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+            """One class too many, and weights from a generator gleak does not seed."""
+            m = nn.Sequential(nn.Flatten(), nn.Linear(int(torch.tensor(input_shape).prod()), num_classes + 1))
+            g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+            with torch.no_grad():
+                m[1].weight.copy_(torch.randn(m[1].weight.shape, generator=g))
+            return m
+    '''))
+    load_plugin_file(f)
+    results = {c.name: c for c in check_plugin("model", "test-bad-model")}
+    assert set(results) == set(CHECK_NAMES["model"])
+    failed = {n for n, c in results.items() if not c.passed}
+    assert {"forward shape", "deterministic under a seed"} <= failed, results
+    assert "expected (2, 10) logits" in results["forward shape"].detail
+    assert results["builds for a case"].passed and results["parameter names"].passed

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,3 +37,36 @@ def test_readme_python_section_runs(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "t.png").is_file() and (tmp_path / "quick" / "leaderboard.md").is_file()
     assert "120 0" in r.stdout  # the quick suite: 120 trials run, none failed
+
+
+NOTEBOOK = ROOT / "examples" / "walkthrough.ipynb"
+
+
+def _cells(nb) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
+def test_the_notebook_holds_the_percent_script_s_cells():
+    """examples/walkthrough.ipynb is generated from examples/walkthrough.py (jupytext): the same cells, in order, so
+    an edit to one without regenerating the other fails here."""
+    jupytext = pytest.importorskip("jupytext")
+    import nbformat
+
+    assert _cells(nbformat.read(NOTEBOOK, as_version=4)) == _cells(jupytext.read(ROOT / "examples" / "walkthrough.py"))
+
+
+def test_the_notebook_runs_end_to_end(tmp_path, monkeypatch):
+    """Executed cell by cell in a kernel (nbclient), as a reader runs it, within a minute on the tiny defaults."""
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import nbformat
+
+    monkeypatch.setenv("GLEAK_EXAMPLE_OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's own (inline): figures show as images
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "RunResult(" in outputs and "ran=20, failed=0" in outputs
+    assert (tmp_path / "out" / "suite" / "figures" / "frontier.png").is_file()
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))  # the figures show

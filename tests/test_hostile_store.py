@@ -128,6 +128,8 @@ STORE_EDITS = {
     "meta-verdict-number": ("UPDATE meta SET value = '5' WHERE key = 'verdict'", "key 'verdict'"),
     "meta-claims-text": ("UPDATE meta SET value = 'claims!' WHERE key = 'claims'", "key 'claims'"),
     "meta-claims-not-tables": ("UPDATE meta SET value = '[1, 2]' WHERE key = 'claims'", "key 'claims'"),
+    "meta-set-params-shape": ("UPDATE meta SET value = '{\"defense\": {\"topk\": 5}}' WHERE key = 'set_params'",
+                              "key 'set_params'"),
 }  # fmt: skip
 
 
@@ -155,6 +157,7 @@ PUBLISHED_EDITS = {
     "suite-json-a-list": ("suite.json", lambda t: "[1]", "suite.json"),
     "suite-json-verdict-number": ("suite.json", lambda t: '{"verdict": 3}', "key 'verdict'"),
     "suite-json-utility-text": ("suite.json", lambda t: '{"utility_config": "x"}', "key 'utility_config'"),
+    "suite-json-set-params-shape": ("suite.json", lambda t: '{"set_params": {"defense": [1]}}', "key 'set_params'"),
     "csv-binary": ("results.csv", lambda t: "\udcff", "not UTF-8"),
     "csv-no-header": ("results.csv", lambda t: "a,b\n1,2\n", "no column"),
     "csv-image-outside": ("results.csv", lambda t: t.replace(".png", ".png/../../../outside.png", 1), "column image"),

@@ -22,7 +22,8 @@ PACKAGES = {"gleak": "gleak", "attacks": "gleak.attacks", "defenses": "gleak.def
 # gleak itself, whose __init__ hands out the API, is "__init__").
 LAYERS = [
     # pure data types, errors, the plugin registry and the plugin kinds' base classes: what everything else speaks
-    ("contracts", {"errors", "threat", "config", "registry", "plugin", "catalogue", "contract", "vocabulary", "escaping"}),
+    ("contracts", {"errors", "threat", "config", "registry", "plugin", "catalogue", "contract", "vocabulary", "escaping",
+                   "plugin_source"}),
     # the computations: metrics, the round (protocol), the observation gate, models, data, and their small helpers
     ("mechanics", {"metrics", "protocol", "gate", "models", "data", "device", "guards", "heap", "progress",
                    "secret_sharing", "dp_bound", "files", "textdata", "textmodels", "textmetrics", "modality"}),

@@ -137,3 +137,34 @@ def test_a_long_inverting_gradients_trial_prints_its_first_line_within_seconds(m
     elapsed = time.perf_counter() - t0
     assert row["status"] == "failed" and "_FirstLine" in row["error"] and "iteration 1/24000" in row["error"], row["error"]
     assert elapsed < 30, elapsed
+
+
+def test_the_run_bar_moves_inside_a_trial_from_its_worker(tmp_path, gleak_cmd, run_env):
+    """A one-trial run with its bar on: the worker tells the bar where the attack's loop is, so the bar shows the
+    trial's iterations (the first and the last at least) before the trial's row arrives."""
+    suite = tmp_path / "prog.toml"
+    suite.write_text(SUITE)
+    r = subprocess.run([*gleak_cmd, "run", str(suite), "--out", str(tmp_path / "b")], env=run_env, capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    from gleak.suite import load_suite
+
+    tid = load_suite(suite).trials[0].trial_id[:8]
+    shown = re.findall(rf"0/1 trials \[[^\]]*; trial {tid}: (\d+)/20 it\]", r.stderr)
+    assert "1" in shown and "20" in shown, r.stderr
+    assert "iteration" not in r.stderr  # the bar, not --verbose's lines
+
+
+def test_the_bar_counts_a_running_trial_s_share_of_its_loop_in_the_time_left(monkeypatch):
+    """One trial of a run, half of its 24,000 iterations done after 60 s: about 60 s left, not '?'."""
+    from gleak.runner import Progress
+
+    now = [0.0]
+    monkeypatch.setattr("gleak.runner.time.perf_counter", lambda: now[0])
+    bar = Progress(1, 10.0, enabled=False)
+    now[0] = 60.0
+    bar.inside("abcdef0123456789", 10.0, 12_000, 24_000)
+    text = bar._postfix()
+    assert "left 01:00" in text and "trial abcdef01: 12,000/24,000 it" in text, text
+    bar.update(10.0, True, "abcdef0123456789")  # the row: the trial's share is done, its iterations no longer shown
+    assert "it" not in bar._postfix().split(";")[-1] and not bar.running

@@ -53,17 +53,18 @@ def test_every_format_carries_accuracy_and_epsilon(out):
 def test_figures_are_written_by_run_and_by_plot(out, capsys):
     folder, env = out
     names = sorted(p.name for p in (folder / "figures").glob("*.png"))
-    assert names == ["frontier.png", "reconstructions_skimage_mlp_2.png", "strength_noise_sigma.png",
+    grid_name = "reconstructions_skimage_mlp_2_model_params_hidden_32_resolution_16.png"  # the case's own settings
+    assert names == ["frontier.png", grid_name, "strength_noise_sigma.png",
                      "strength_topk_ratio.png", "utility_curves.png"], names  # fmt: skip
     for n in names:
         img = _png(folder / "figures" / n)
         assert img.shape[0] > 200 and img.shape[1] > 300 and img.std() > 10, n  # drawn, not blank
-    grid = _png(folder / "figures" / "reconstructions_skimage_mlp_2.png")
+    grid = _png(folder / "figures" / grid_name)
     shutil.rmtree(folder / "figures")
     r = subprocess.run([sys.executable, "-m", "gleak", "plot", str(folder)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (folder / "figures").glob("*.png")) == names
-    assert np.array_equal(_png(folder / "figures" / "reconstructions_skimage_mlp_2.png"), grid)
+    assert np.array_equal(_png(folder / "figures" / grid_name), grid)
     from gleak.cli import main
 
     assert main(["plot", str(folder / "nope")]) == 2 and "nope: no such folder" in capsys.readouterr().err
@@ -143,3 +144,61 @@ def test_a_named_lpips_backbone_that_is_missing_is_exit_2(tmp_path, run_env, how
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "alexnet.pth" in lines[0] and "not" in lines[0], r.stderr
     assert not (tmp_path / "o").exists()
+
+
+PARAMS_SUITE = """
+[suite]
+name = "defaults-named"
+seeds = [0]
+[case]
+dataset = "skimage"
+model = "mlp"
+model_params = { hidden = [8] }
+resolution = 8
+[[attack]]
+name = "closed-form"
+[[defense]]
+name = "none"
+[[defense]]
+name = "topk"
+ratio = 0.9
+"""
+
+
+def test_a_parameter_the_suite_sets_to_its_default_is_named_with_its_value(tmp_path):
+    """topk's default ratio is 0.9: written in the suite file, the leaderboard says 'ratio=0.9', not '-' (also from
+    the committed files alone: suite.json keeps what the file set)."""
+    from gleak.registry import plugin_info
+    from gleak.report import write_reports
+    from gleak.runner import run_suite
+    from gleak.suite import load_suite
+
+    assert plugin_info("defense", "topk").defaults()["ratio"] == 0.9  # else this test tests nothing
+    (tmp_path / "s.toml").write_text(PARAMS_SUITE)
+    suite = load_suite(tmp_path / "s.toml")
+    assert suite.set_params == {"defense": {"topk": ["ratio"]}}
+    run_suite(suite, tmp_path / "out", progress=False, in_process=True)
+    write_reports(tmp_path / "out")
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert re.search(r"\| topk\s+\| ratio=0\.9\s+\|", md), md
+    assert "ratio=0.9" in (tmp_path / "out" / "leaderboard.tex").read_text()
+    clone = tmp_path / "clone"  # a fresh clone: results.csv and suite.json, no store
+    clone.mkdir()
+    for f in ("results.csv", "suite.json"):
+        shutil.copy(tmp_path / "out" / f, clone / f)
+    write_reports(clone)
+    assert re.search(r"\| topk\s+\| ratio=0\.9\s+\|", (clone / "leaderboard.md").read_text())
+
+
+def test_a_case_label_names_its_own_settings_that_change_what_is_computed():
+    """From the case alone: defaults unnamed, a setting that does nothing in this case (training steps of an
+    untrained model, a server step without warm-up rounds) unnamed, the protocol left to the defense's name."""
+    from gleak.aggregate import case_variant
+    from gleak.config import CaseConfig
+
+    base = CaseConfig(dataset="skimage", model="mlp").to_dict()
+    assert case_variant(base) == "" and case_variant({**base, "resolution": None}) == ""
+    assert case_variant({**base, "train_steps": 300, "server_lr": 0.01}) == ""
+    assert case_variant({**base, "model_state": "trained", "train_steps": 300}) == "model_state=trained, train_steps=300"
+    assert case_variant({**base, "rounds": 4, "server_lr": 0.01, "resolution": 16}) == "resolution=16, rounds=4, server_lr=0.01"
+    assert case_variant({**base, "protocol": "fedavg", "clients": 4}) == "clients=4"

@@ -72,3 +72,24 @@ def test_leaderboard_and_plot_rebuild_from_the_committed_files(folder, tmp_path,
     assert (clone / "leaderboard.md").read_text() == (folder / "leaderboard.md").read_text().replace(
         str(folder), str(clone))
     assert (clone / "leaderboard.csv").read_text() == (folder / "leaderboard.csv").read_text()
+
+
+def test_rescore_and_the_leaderboard_say_how_many_trials_got_lpips_and_why_not(folder, gleak_cmd, run_env):
+    """Without the AlexNet weights no trial gets LPIPS: rescore says 0 of N and why, not 'rescored lpips of N'; the
+    leaderboard counts each metric over the finished trials (the label-only ones have no image)."""
+    from gleak.metrics import lpips_available
+
+    if lpips_available():
+        pytest.skip("LPIPS backbone weights are on this machine: every trial gets LPIPS")
+    env = {k: v for k, v in run_env.items() if k != "GLEAK_LPIPS_BACKBONE"}
+    r = subprocess.run(gleak_cmd + ["rescore", str(folder), "--metrics", "lpips,psnr"], env=env,
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = pd.read_csv(folder / "results.csv")
+    n_img, n_ok = int(rows["mse"].notna().sum()), int((rows["status"] == "ok").sum())
+    assert 0 < n_img < n_ok  # closed-form reconstructs images, idlg only labels
+    assert f"lpips: 0 of {n_img} trials (no backbone weights: pass --lpips-backbone); psnr: {n_img} of {n_img} trials" in r.stderr, r.stderr
+    md = (folder / "leaderboard.md").read_text()
+    assert f"PSNR, MSE and SSIM for {n_img} of {n_ok} (the other {n_ok - n_img}: no image reconstructed" in md
+    assert f"LPIPS for 0 of {n_ok} ({n_img} with an image but no LPIPS" in md
+    assert f"label accuracy for {int(rows['label_acc'].notna().sum())} of {n_ok}" in md

@@ -100,6 +100,28 @@ def test_compare_finds_the_moved_cell_and_the_missing_ones(tmp_path, gleak_cmd, 
     assert r.returncode == 0, r.stderr
     assert "36 cells in both, 1 moved beyond their spread, 4 only in A, 0 only in B" in r.stdout
     assert "| skimage/mlp/B=4 |" in r.stdout and r.stdout.count("\n| ") == 1 + 1 + 4  # header, the moved cell, 4 in A
+    named = [line for line in r.stdout.splitlines() if line.startswith("  moved: ")]  # the moved cell by name
+    assert len(named) == 1 and "skimage/mlp/B=4, topk (ratio=0.5) x closed-form" in named[0], r.stdout
+
+
+def test_compare_pairs_identical_cells_whatever_else_the_other_folder_holds(tmp_path, gleak_cmd, run_env):
+    """B holds A's trials and a second grid's at resolution 16: A's cells are the same cells in B (a case that does not
+    set resolution is not 'resolution=None' because another grid set it), B's extra cells are only in B."""
+    from gleak.api import compare
+
+    df = pd.read_csv(QUICK / "results.csv", dtype={"trial_id": str})
+    extra = df[df["defense"] == "none"].copy()
+    extra["case"] = extra["case"].map(lambda s: json.dumps({**json.loads(s), "resolution": 16}, sort_keys=True))
+    extra["trial_id"] = extra["trial_id"] + "r16"
+    for side, frame in (("a", df), ("b", pd.concat([df, extra], ignore_index=True))):
+        (tmp_path / side).mkdir()
+        frame.to_csv(tmp_path / side / "results.csv", index=False)
+    table = compare(tmp_path / "a", tmp_path / "b")
+    assert (table["in"] == "both").sum() == 40 and (table["in"] == "A").sum() == 0
+    assert not table[table["in"] == "both"]["changed"].any()
+    only_b = table[table["in"] == "B"]
+    assert len(only_b) == 4 and set(only_b["case"]) == {"skimage/mlp/B=1 (resolution=16)", "skimage/mlp/B=4 (resolution=16)"}
+    assert not table["case"].str.contains("None").any()
 
 
 def test_compare_of_a_folder_with_itself_says_nothing_moved(gleak_cmd, run_env):
@@ -189,7 +211,7 @@ name = "none"
     out = tmp_path / "out"
     r = _run(gleak_cmd, ["run", str(suite), "--out", str(out), "--no-progress"], run_env)
     assert r.returncode == 0, r.stderr
-    assert "2 trials run" not in r.stderr and "0 failed" in r.stderr
+    assert "4 trials run: 2 ok, 0 failed, 2 not applicable, 0 already stored" in r.stderr, r.stderr
     rows = pd.read_csv(out / "results.csv")
     na = rows[rows["attack"] == "closed-form"]
     assert len(na) == 2 and (na["status"] == "not-applicable").all() and na["error"].str.startswith("UnsupportedCase").all()

@@ -62,11 +62,12 @@ def _utility_intro(cfg: Any, utility: pd.DataFrame) -> str:
 def leaderboard_document(
     suite: str, description: str, df: pd.DataFrame, agg: pd.DataFrame, dr: pd.DataFrame, ar: pd.DataFrame,
     utility: pd.DataFrame | None = None, notes: list[str] | None = None, utility_cfg: Any = None,
-    figures: list[tuple[str, str]] | None = None, rule: str = "margin",
+    figures: list[tuple[str, str]] | None = None, rule: str = "margin", set_params: dict | None = None,
 ) -> list[tuple]:  # fmt: skip
     """The leaderboard as blocks, rendered to Markdown and HTML alike: ("h1"|"h2"|"h3"|"p", text),
-    ("table", header, rows), ("list", items), ("figure", relative path, caption)."""
-    vd, va = varying_keys(df, "defense"), varying_keys(df, "attack")
+    ("table", header, rows), ("list", items), ("figure", relative path, caption). set_params: the parameters the
+    suite file sets (gleak.aggregate.varying_keys), named with their values."""
+    vd, va = varying_keys(df, "defense", set_params), varying_keys(df, "attack", set_params)
     show_util = utility is not None and "accuracy" in dr.columns
     doc = _intro_blocks(suite, description, df, rule)
     doc += _defense_blocks(dr, vd, va, show_util)
@@ -81,11 +82,35 @@ def leaderboard_document(
     doc += _case_blocks(agg, vd, va)
     doc += _trouble_blocks(df)
     footnotes = list(notes or [])
-    if df["mse"].notna().any() and not df["lpips"].notna().any():
-        footnotes.append(f"LPIPS is unavailable on the machine that ran this suite, so its column is empty. {LPIPS_HOWTO}.")
+    coverage = metric_coverage(df)
+    if coverage:
+        footnotes.append(coverage)
     if footnotes:
         doc += [("h2", "Notes"), ("list", footnotes)]
     return doc
+
+
+def metric_coverage(df: pd.DataFrame) -> str:
+    """How many finished trials got each metric, and why the others did not: an empty LPIPS column or a missing
+    PSNR reads as a result otherwise. '' when every finished trial got every metric."""
+    ok = df[df["status"] == "ok"] if "status" in df.columns else df
+    n = len(ok)
+    if not n:
+        return ""
+    images = int(ok["mse"].notna().sum())
+    lp = int(ok["lpips"].notna().sum()) if "lpips" in ok.columns else 0
+    labels = int(ok["label_acc"].notna().sum()) if "label_acc" in ok.columns else 0
+    if images == lp == labels == n:
+        return ""
+    parts = [f"PSNR, MSE and SSIM for {images} of {n}"
+             + (f" (the other {n - images}: no image reconstructed, label-only attacks)" if images < n else "")]
+    lp_text = f"LPIPS for {lp} of {n}"
+    if lp < images:
+        lp_text += (f" ({images - lp} with an image but no LPIPS: LPIPS is unavailable on the machine that scored them, "
+                    f"no backbone weights; {LPIPS_HOWTO}, then `gleak rescore DIR --metrics lpips`)")  # fmt: skip
+    parts.append(lp_text)
+    parts.append(f"label accuracy for {labels} of {n}" + (" (the others: the attack recovered no labels)" if labels < n else ""))
+    return "Metrics over the finished trials: " + "; ".join(parts) + "."
 
 
 def _intro_blocks(suite: str, description: str, df: pd.DataFrame, rule: str) -> list[tuple]:

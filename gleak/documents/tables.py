@@ -77,9 +77,9 @@ def by_case_csv(agg: pd.DataFrame) -> str:
     return csv_text(detail)
 
 
-def ranking_tex(dr: pd.DataFrame, df: pd.DataFrame) -> str:
+def ranking_tex(dr: pd.DataFrame, df: pd.DataFrame, set_params: dict | None = None) -> str:
     """The defense ranking's main columns, parameters as in the Markdown table (those that differ from the defaults
-    or that the suite varies)."""
-    vd = varying_keys(df, "defense")
+    or that the suite varies or sets)."""
+    vd = varying_keys(df, "defense", set_params)
     tex_frame = dr.assign(defense_params=[params_text(js, "defense", d, vd.get(d)) for d, js in zip(dr["defense"], dr["defense_params"])])
     return tex_frame[[c for c in TEX_COLUMNS if c in dr]].to_latex(index=False, float_format="%.3f", na_rep="", escape=True)
