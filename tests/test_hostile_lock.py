@@ -1,8 +1,6 @@
 """The folder's lock: a run holds it until its last report file is written, `gleak leaderboard` / `plot` /
 `rescore` take it (refused with one line while a run writes the folder, the run unharmed), and a refused command
 leaves no `.lock` behind (gleak.store.take_lock / release_lock / holding_lock, gleak.runner)."""
-import hashlib
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -10,23 +8,7 @@ import pytest
 from gleak import cli, report, store
 from gleak.store import LOCK_NAME
 
-T1 = textwrap.dedent('''
-    [suite]
-    name = "t1"
-    seeds = [0, 1]
-    [case]
-    dataset = "uniform"
-    model = "linear"
-    [[attack]]
-    name = "closed-form"
-    [[defense]]
-    name = "none"
-''')
-
-
-def tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
-            if p.is_file()}  # fmt: skip
+from tests.test_hostile_store import T1, tree  # the 2-trial closed-form suite and the folder digest they share
 
 
 @pytest.fixture
