@@ -29,7 +29,8 @@ _TYPE_NAMES = {"int": int, "float": float, "str": str, "bool": bool, "list": lis
 
 
 def _module_name(path: Path) -> str:
-    return "gleak.models" if path.name == "models.py" and path.parent.name == "gleak" else f"gleak.{path.parent.name}.{path.stem}"
+    # gleak/models.py, gleak/textmodels.py: modules of gleak itself; attacks/, defenses/, protocols/: gleak's subpackages
+    return f"gleak.{path.stem}" if path.parent.name == "gleak" else f"gleak.{path.parent.name}.{path.stem}"
 
 
 def _find(kind: str, name: str) -> tuple[Path, ast.AST, str]:
