@@ -170,7 +170,7 @@ def test_results_csv_of_a_run_quotes_a_formula_and_rebuilds_it_unchanged(tmp_pat
         from gleak.plugin import Attack
 
 
-        @register_attack("formula")
+        @register_attack("spreadsheet-cell")
         class Formula(Attack):
             """Test attack whose error is a spreadsheet formula."""
 
@@ -179,7 +179,7 @@ def test_results_csv_of_a_run_quotes_a_formula_and_rebuilds_it_unchanged(tmp_pat
             def reconstruct(self, observation, rng):
                 raise ValueError("boom")
     '''))
-    (tmp_path / "f.toml").write_text(SUITE.replace('name = "marker"\n    note = "[x](javascript:alert(2)) \\u001b[31m"', 'name = "formula"'))
+    (tmp_path / "f.toml").write_text(SUITE.replace('name = "marker"\nnote = "[x](javascript:alert(2)) \\u001b[31m"', 'name = "spreadsheet-cell"'))
     out = tmp_path / "o"
     assert cli.main(["run", str(tmp_path / "f.toml"), "--out", str(out), "--plugin", str(plugin), "--no-progress", "--in-process"]) == 1
     import sqlite3
