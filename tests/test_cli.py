@@ -167,12 +167,13 @@ def test_list_shows_builtins_with_summaries(gleak_cmd, run_env):
     assert {"none", "noise", "quantization", "topk"} <= {ln.split()[0] for ln in r.stdout.splitlines()}
 
 
-def test_sigkill_halfway_then_resume_recomputes_nothing(tmp_path, gleak_cmd, run_env):
-    suite = tmp_path / "long.toml"
-    suite.write_text(textwrap.dedent("""
+def _closed_form_suite(name: str, seeds: int) -> str:
+    """A suite of `seeds` cheap closed-form trials on 8x8 uniform images: many trials, each well under a second, for
+    the tests that stop a run part-way."""
+    return textwrap.dedent(f"""
         [suite]
-        name = "long"
-        seeds = 300
+        name = "{name}"
+        seeds = {seeds}
         save_images = false
         [case]
         dataset = "uniform"
@@ -183,7 +184,12 @@ def test_sigkill_halfway_then_resume_recomputes_nothing(tmp_path, gleak_cmd, run
         name = "closed-form"
         [[defense]]
         name = "noise"
-    """))
+    """)
+
+
+def test_sigkill_halfway_then_resume_recomputes_nothing(tmp_path, gleak_cmd, run_env):
+    suite = tmp_path / "long.toml"
+    suite.write_text(_closed_form_suite("long", 300))
     out = tmp_path / "out"
     proc = subprocess.Popen(gleak_cmd + ["run", str(suite), "--out", str(out), "--no-progress"], env=run_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -221,21 +227,7 @@ def test_sigterm_stops_the_run_and_its_workers_and_resume_recomputes_nothing(tmp
     """`kill PID` (SIGTERM) on a run: exit 143 with one line, no worker process left computing (they are children of
     a forkserver, not of the run, so they outlived it before), and a rerun finishes only what was missing."""
     suite = tmp_path / "slow.toml"
-    suite.write_text(textwrap.dedent("""
-        [suite]
-        name = "slow"
-        seeds = 12
-        save_images = false
-        [case]
-        dataset = "uniform"
-        resolution = 8
-        channels = 1
-        model = "linear"
-        [[attack]]
-        name = "closed-form"
-        [[defense]]
-        name = "noise"
-    """))
+    suite.write_text(_closed_form_suite("slow", 12))
     out, tag = tmp_path / "out", f"gleak-sigterm-{os.getpid()}-{time.time_ns()}"
     env = {**run_env, "GLEAK_TEST_TAG": tag}
     proc = subprocess.Popen(gleak_cmd + ["run", str(suite), "--out", str(out), "--no-progress", "--workers", "2"],
