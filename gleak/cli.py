@@ -73,12 +73,12 @@ def _parallelism(args: argparse.Namespace) -> int | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    workers = _parallelism(args)  # before any import of torch: a mistyped option is one line at once
+    _check_lpips(args.lpips_backbone)
     from gleak.report import write_folder_reports as write_reports
     from gleak.runner import run_suite
     from gleak.suite import find_suite, load_suite
 
-    _check_lpips(args.lpips_backbone)
-    workers = _parallelism(args)
     if args.device is not None:  # before anything starts: a device that is not here is one line
         from gleak.device import resolve
 
