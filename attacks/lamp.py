@@ -33,8 +33,9 @@ rate decayed by `lr_decay` 0.89 every 50 steps, regulariser weight 1, swaps ever
 
 - `steps` 500 (paper 2000) and `init_candidates` 100 (paper 500), `swap_candidates` 100 (paper 200): budgets
   scaled to two CPU cores.
-- `lr` 0.05 (paper 0.01 for BERT, whose token embeddings have norm about 1.4; gleak's classifier's have norm about
-  8, so a step of the same relative size is larger).
+- `lr` 0.05 (paper 0.01 for BERT, whose token embeddings have norm about 1.4; the text suite's trained classifier's
+  have norm 7.0, so a step of the same relative size is larger).
+- `vocabulary = "full"` searches every token but padding (the authors' code without `--use_embedding`).
 - `coeff_perplexity` 0.01 (paper 0.2): gleak's small classifier matches its gradient to a cosine distance of about
   0.005, so 0.2 times the prior's perplexity differences outweighs the gradient loss and the discrete step
   reorders by the (weak) prior alone. Measured at batch 1, 16 tokens, seeds 0-2, 200 steps: mean ROUGE-L 0.73 at
