@@ -75,8 +75,9 @@ def test_the_gradient_loss_is_zero_at_the_target_and_skips_what_the_dummy_does_n
 
 
 @needs_fortunes
-def test_lamp_recovers_a_short_sentence_at_batch_1_on_the_trained_classifier_over_seeds():
-    runs = [_trial(SMALL, seed) for seed in range(3)]
+@pytest.mark.parametrize("loss", ["cos", "l2-l1"])
+def test_lamp_recovers_a_short_sentence_at_batch_1_on_the_trained_classifier_over_seeds(loss):
+    runs = [_trial({**SMALL, "loss": loss}, seed) for seed in range(3)]
     recovered = sum(e["rouge1"] >= 0.75 for e in runs)
     assert recovered >= 2, [(e["rouge1"], e["text_reconstruction"]) for e in runs]
     assert statistics.mean(e["rouge1"] - e["blind_rouge1"] for e in runs) >= 0.35, runs
