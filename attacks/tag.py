@@ -11,7 +11,9 @@ nearest embedding row to each position's mixed embedding.
 Two choices beside the paper, each an option:
 - `vocabulary = "token-set"` (default) searches only the tokens whose embedding-gradient row is non-zero
   (attacks/token_set.py), as LAMP (Balunovic et al., NeurIPS 2022) does; "full" searches the whole vocabulary
-  as the paper does.
+  as the paper does. Where the token set comes back empty (a defense such as DGP zeroes every row of the
+  embedding's gradient) the search falls back to the whole vocabulary, and the row's extra says so
+  (`token_set_fallback`), so the trial is scored rather than not applicable.
 - The classifier's labels are read from the sign of the head's bias gradient (attacks/idlg.py's "bias-sign",
   exact at batch size 1) rather than optimised; a language model's labels are its next tokens, so its dummy loss
   takes the relaxed next tokens as soft targets.
@@ -63,7 +65,7 @@ class TAG(Attack):
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
         from gleak.attacks._gradmatch import attack_model, fixed_labels, observed_gradient
-        from gleak.attacks.token_set import ranked_tokens, row_norms, token_embedding
+        from gleak.attacks.token_set import search_vocabulary, token_embedding
 
         k = observation.knowledge
         if len(k.input_shape) != 2:
@@ -75,11 +77,9 @@ class TAG(Attack):
         target, info = observed_gradient(observation.update, names, dtype)
         target_list = [target[n] for n in names]
         emb = dict(model.named_parameters())[token_embedding(model, vocab)]
-        if self.vocabulary == "token-set":
-            cand = ranked_tokens(row_norms(observation.update, model, vocab), vocab)
-            cand = cand[cand != 0] if len(cand) > 1 else cand
-            if not len(cand):
-                raise UnsupportedCase("the embedding gradient has no non-zero row: no token to search")
+        fallback = False
+        if self.vocabulary == "token-set":  # an empty set (DGP zeroes every row) falls back to the whole vocabulary
+            cand, fallback = search_vocabulary(observation.update, model, vocab)
         else:
             cand = torch.arange(1, vocab)  # every token but padding
         cand = cand.to(emb.device)
@@ -117,4 +117,5 @@ class TAG(Attack):
             rows = emb[cand]  # (K, D)
             nearest = cand[torch.cdist(mixed.reshape(-1, mixed.shape[-1]), rows).argmin(-1)].view(batch, seq_len)
         x = F.one_hot(nearest, vocab).to(dtype)
-        return Reconstruction(x=x, extra={"match_loss": best_loss, "candidates": len(cand), "steps_run": steps, **info})
+        return Reconstruction(x=x, extra={"match_loss": best_loss, "candidates": len(cand), "steps_run": steps,
+                                              "token_set_fallback": fallback, **info})

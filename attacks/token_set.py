@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from gleak.errors import UnsupportedCase
 from gleak.plugin import Attack
 from gleak.registry import register_attack
+from gleak.textmodels import PAD_ID
 from gleak.threat import Observation, Reconstruction, Update
 
 
@@ -50,6 +51,16 @@ def ranked_tokens(norms: Tensor, most: int, threshold: float = 0.0) -> Tensor:
     ids = torch.nonzero(keep).reshape(-1)
     order = sorted(ids.tolist(), key=lambda i: (-float(norms[i]), i))
     return torch.tensor(order[:most], dtype=torch.long)
+
+
+def search_vocabulary(update: Update, model: nn.Module, vocab: int) -> tuple[Tensor, bool]:
+    """The tokens an optimisation attack searches (TAG, LAMP): the token set, padding left out, and whether it fell
+    back to the whole vocabulary (every token but padding) because the set came back empty: a defense that prunes
+    or zeroes the embedding's gradient (DGP, Top-k on its rows) leaves no row to read, yet the attack can still
+    search blind, as the papers' attacks do without the token set."""
+    cand = ranked_tokens(row_norms(update, model, vocab), vocab)
+    cand = cand[cand != PAD_ID]  # padding is never private text (a noised padding row is noise alone)
+    return (cand, False) if len(cand) else (torch.arange(1, vocab), True)
 
 
 def layout(tokens: Tensor, seq_len: int, vocab: int, rows: int) -> Tensor:

@@ -66,7 +66,19 @@ class TextTransformer(nn.Module):
         return e + self.pos.weight[:n].unsqueeze(0), keep
 
     def hidden(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        h, keep = self.embed(x)
+        return self.encode(*self.embed(x))
+
+    def forward_embeddings(self, e: Tensor) -> Tensor:
+        """The model's output on token embeddings (B, L, D) given directly, no padding: what LAMP optimises
+        (Balunovic et al., NeurIPS 2022: the dummy text lives in embedding space, projected to tokens at the end)."""
+        keep = torch.ones(e.shape[:2], dtype=torch.bool, device=e.device)
+        return self.readout(*self.encode(e + self.pos.weight[: e.shape[1]].unsqueeze(0), keep))
+
+    def readout(self, h: Tensor, keep: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def encode(self, h: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+        """The blocks and the final norm on positioned embeddings h (B, L, D); keep (B, L): False at padding."""
         n = h.shape[1]
         allowed = keep[:, None, None, :]
         if self.causal:
@@ -85,7 +97,9 @@ class TextClassifier(TextTransformer):
         self.head = nn.Linear(dim, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
-        h, keep = self.hidden(x)
+        return self.readout(*self.hidden(x))
+
+    def readout(self, h: Tensor, keep: Tensor) -> Tensor:
         w = keep.to(h.dtype).unsqueeze(-1)
         return self.head((h * w).sum(1) / w.sum(1).clamp_min(1.0))
 
@@ -100,7 +114,10 @@ class CausalLM(TextTransformer):
         self.head = nn.Linear(dim, vocab)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.hidden(x)[0]).transpose(1, 2)
+        return self.readout(*self.hidden(x))
+
+    def readout(self, h: Tensor, keep: Tensor) -> Tensor:
+        return self.head(h).transpose(1, 2)
 
 
 def _text_shape(input_shape: tuple[int, ...], name: str) -> tuple[int, int]:

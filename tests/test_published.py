@@ -106,3 +106,23 @@ def test_text_has_the_published_shape():
     assert tag1.sum() >= 6 and (r1[tag1] >= blind[tag1] + 0.3).all()
     dp = (df.defense == "noise") & df.defense_params.str.contains('"mode": "dp"') & (df.attack == "token-set")
     assert dp.sum() >= 6 and (f1[dp] <= 0.05).all()
+
+
+def test_text_lamp_and_tag_through_dgp_have_the_published_shape():
+    """A data check of results/text once it is regenerated with LAMP (suites/text.toml names it): undefended at batch
+    1, LAMP beats the blind guess's ROUGE-1 by at least 0.3 on every seed; through DGP, TAG and LAMP are scored with
+    the whole vocabulary (token_set_fallback), not counted as not applicable."""
+    path = ROOT / "results" / "text" / "results.csv"
+    if not path.is_file():
+        pytest.skip("results/text not published in this checkout")
+    df = pd.read_csv(path)
+    if not (df.attack == "lamp").any():
+        pytest.skip("results/text was published before suites/text.toml named LAMP: rerun the suite to check it")
+    searching = df.attack.isin(["tag", "lamp"]) & (df.defense == "dgp")
+    assert searching.sum() >= 24 and (df.status[searching] == "ok").all()
+    ok = df[df.status == "ok"]
+    extra = ok.extra.map(json.loads)
+    assert extra[ok.attack.isin(["tag", "lamp"]) & (ok.defense == "dgp")].map(lambda e: e["token_set_fallback"]).all()
+    lamp1 = (ok.attack == "lamp") & (ok.defense == "none") & (ok.batch_size == 1)
+    r1, blind = extra.map(lambda e: e["rouge1"]), extra.map(lambda e: e["blind_rouge1"])
+    assert lamp1.sum() >= 6 and (r1[lamp1] >= blind[lamp1] + 0.3).all()

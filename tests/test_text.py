@@ -196,3 +196,22 @@ def test_every_built_in_defense_runs_on_a_text_batch_or_says_it_does_not_apply()
         if row["status"] == "not-applicable":
             assert "token ids" in row["error"] or "text" in row["error"], (name, row["error"])
     assert statuses["ats"] == statuses["soteria"] == "not-applicable" and statuses["noise"] == "ok", statuses
+
+
+def test_an_empty_token_set_falls_back_to_the_whole_vocabulary_and_tag_through_dgp_is_scored():
+    """DGP zeroes every row of the embedding's gradient: no token set to read. TAG then searches every token but
+    padding, says so in the row (token_set_fallback), and the trial is scored rather than not applicable."""
+    from gleak.attacks.token_set import search_vocabulary
+    from gleak.textmodels import text_classifier
+    from gleak.threat import Update
+
+    model = text_classifier((4, 10), 2)
+    zero = Update({n: torch.zeros_like(p) for n, p in model.named_parameters()})
+    cand, fallback = search_vocabulary(zero, model, 10)
+    assert fallback and cand.tolist() == list(range(1, 10))
+    for seed in range(2):
+        _, e = _trial("tag", {"iterations": 5, "restarts": 1}, defense="dgp", seed=seed)
+        assert e["token_set_fallback"] is True and e["candidates"] == 3999, e  # the 4,000-word vocabulary but padding
+        assert 0.0 <= e["rouge1"] <= 1.0 and e["text_truth"]
+    _, clean = _trial("tag", {"iterations": 5, "restarts": 1}, seed=0)
+    assert clean["token_set_fallback"] is False and clean["candidates"] < 100, clean
