@@ -26,11 +26,11 @@ LAYERS = [
                    "plugin_source"}),
     # the computations: metrics, the round (protocol), the observation gate, models, data, and their small helpers
     ("mechanics", {"metrics", "protocol", "gate", "models", "data", "device", "guards", "heap", "progress",
-                   "secret_sharing", "dp_bound", "files", "textdata", "textmodels", "textmetrics", "modality"}),
+                   "secret_sharing", "dp_bound", "files", "textdata", "textmodels", "textmetrics", "modality", "pretrain"}),
     # the built-in plugins: they build on the contracts and the mechanics only (the registry finds them by name)
     ("plugins", {"attacks", "defenses", "protocols"}),
     # running trials and keeping their results: one trial, the runner and its workers, the store, the folder
-    ("orchestration", {"trial", "runner", "store", "folder", "suite", "workers", "ray_executor", "utility", "pretrain",
+    ("orchestration", {"trial", "runner", "store", "folder", "suite", "workers", "ray_executor", "utility",
                        "reconstructions", "conformance", "images", "stored"}),
     # what is written from the stored results: aggregation, claims, documents, figures, the report of a folder
     ("reporting", {"attribution", "aggregate", "claims", "documents", "figures", "report"}),
