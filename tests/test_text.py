@@ -169,6 +169,14 @@ def test_utility_runs_train_the_text_classifier_and_noise_costs_accuracy(tmp_pat
     # noise of sigma 1 swamps the gradient and ends below it (measured 0.255).
     assert set(acc) == {"none", "noise"} and all(0.0 <= a <= 1.0 for a in acc.values())
     assert acc["none"] >= 135 / 416 and acc["noise"] < acc["none"] - 0.03, acc
+    # The leaderboard of a text-only suite: the text ranking carries each defense's accuracy and its change from the
+    # undefended run; the image tables (all empty for text) are left out.
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "## Defenses, ranked by their worst case" not in md and "## Results by case" not in md
+    ranking = md[md.index("## Text: defenses ranked"):md.index("## Text: results by case")]
+    rows = {ln.split("|")[2].strip(): ln for ln in ranking.splitlines() if ln.startswith("| ") and "rank" not in ln}
+    assert "| accuracy " in ranking and f"{100 * acc['noise']:.1f}%" in rows["noise"], ranking
+    assert f"{100 * (acc['noise'] - acc['none']):+.2f}" in rows["noise"] and "+0.00" in rows["none"], ranking
 
 
 def test_tag_recovers_the_text_in_its_order_from_the_causal_language_model():

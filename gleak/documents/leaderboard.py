@@ -14,7 +14,7 @@ from gleak.documents.cells import (
 )  # fmt: skip
 from gleak.metrics import LPIPS_HOWTO, PSNR_CEILING, verdict_rule_text
 from gleak.store import DONE, NOT_APPLICABLE
-from gleak.documents.text import text_blocks
+from gleak.documents.text import only_text, text_blocks, text_rows
 
 
 def attack_defense_matrix(agg: pd.DataFrame, dr: pd.DataFrame, vd: dict, va: dict) -> tuple[list[str], list[list[str]]]:
@@ -69,17 +69,25 @@ def leaderboard_document(
     suite file sets (gleak.aggregate.varying_keys), named with their values."""
     vd, va = varying_keys(df, "defense", set_params), varying_keys(df, "attack", set_params)
     show_util = utility is not None and "accuracy" in dr.columns
-    doc = _intro_blocks(suite, description, df, rule)
-    doc += _defense_blocks(dr, vd, va, show_util)
+    # Text cases are scored by ROUGE, in tables of their own (gleak.documents.text); a suite of text cases only has
+    # no image scores to tabulate, and its text ranking comes first.
+    images = not only_text(df)
+    text = text_blocks(df, vd, va, utility if show_util else None)
+    doc = _intro_blocks(suite, description, df, rule, images)
+    if images:
+        doc += _defense_blocks(dr, vd, va, show_util)
+    else:
+        doc += text
     if show_util:
-        doc += _utility_blocks(dr, utility, utility_cfg, vd)
-    doc += _attack_blocks(agg, dr, ar, vd, va)
+        doc += _utility_blocks(dr, utility, utility_cfg, vd, images)
+    if images:
+        doc += _attack_blocks(agg, dr, ar, vd, va)
     if figures:
         doc.append(("h2", "Figures"))
         for rel, caption in figures:
             doc.append(("figure", rel, caption))
-    doc += text_blocks(df)  # text cases: scored by ROUGE, in tables of their own (gleak.documents.text)
-    doc += _case_blocks(agg, vd, va)
+    if images:
+        doc += text + _case_blocks(agg, vd, va)
     doc += _trouble_blocks(df)
     footnotes = list(notes or [])
     coverage = metric_coverage(df)
@@ -94,6 +102,7 @@ def metric_coverage(df: pd.DataFrame) -> str:
     """How many finished trials got each metric, and why the others did not: an empty LPIPS column or a missing
     PSNR reads as a result otherwise. '' when every finished trial got every metric."""
     ok = df[df["status"] == "ok"] if "status" in df.columns else df
+    ok = ok.drop(index=text_rows(ok).index)  # text trials have metrics of their own (gleak.documents.text)
     n = len(ok)
     if not n:
         return ""
@@ -113,15 +122,20 @@ def metric_coverage(df: pd.DataFrame) -> str:
     return "Metrics over the finished trials: " + "; ".join(parts) + "."
 
 
-def _intro_blocks(suite: str, description: str, df: pd.DataFrame, rule: str) -> list[tuple]:
-    """The title, the suite's description and how to read every number below."""
+def _intro_blocks(suite: str, description: str, df: pd.DataFrame, rule: str, images: bool = True) -> list[tuple]:
+    """The title, the suite's description and how to read every number below (the image scores' rules only where
+    there are image trials: text trials say theirs in their own section)."""
     ok, failed = int((df.status == "ok").sum()), int((~df.status.isin(DONE)).sum())
     n_a = int((df.status == NOT_APPLICABLE).sum())
     doc: list[tuple] = [("h1", f"Leaderboard: {data(suite)}")]
     if description:
         doc.append(("p", data(description.strip())))
-    doc.append(("p",
-        f"{len(df)} trials: {ok} ok, {failed} failed" + (f", {n_a} not applicable" if n_a else "") + ". Written by `gleak run`; regenerate with `gleak leaderboard DIR`. "
+    counts = (f"{len(df)} trials: {ok} ok, {failed} failed" + (f", {n_a} not applicable" if n_a else "")
+              + ". Written by `gleak run`; regenerate with `gleak leaderboard DIR`. ")
+    if not images:
+        doc.append(("p", counts))
+        return doc
+    doc.append(("p", counts +
         "Every trial is scored against the victim's whole batch: reconstructions are paired with the images by "
         "optimal assignment and an image left without one is scored against the blind guess, the data set's mean "
         "image (the per-pixel mean of the split the victims come from); the blind guess's own PSNR / MSE / SSIM on "
@@ -170,9 +184,10 @@ def _defense_blocks(dr: pd.DataFrame, vd: dict, va: dict, show_util: bool) -> li
     return doc
 
 
-def _utility_blocks(dr: pd.DataFrame, utility: pd.DataFrame, utility_cfg: Any, vd: dict) -> list[tuple]:
-    """Accuracy under each defense, next to its worst-case leakage."""
-    doc: list[tuple] = [("h2", "Utility: accuracy under each defense, next to its worst-case leakage")]
+def _utility_blocks(dr: pd.DataFrame, utility: pd.DataFrame, utility_cfg: Any, vd: dict, images: bool = True) -> list[tuple]:
+    """Accuracy under each defense, next to its worst-case leakage (image trials' PSNR; a suite of text trials
+    shows its worst cases beside the accuracy in its text ranking instead)."""
+    doc: list[tuple] = [("h2", "Utility: accuracy under each defense" + (", next to its worst-case leakage" if images else ""))]
     if utility_cfg is not None:
         doc.append(("p", _utility_intro(utility_cfg, utility)))
     by_cfg = {(r["defense"], r["defense_params"]): r for _, r in dr.iterrows()}
@@ -185,8 +200,11 @@ def _utility_blocks(dr: pd.DataFrame, utility: pd.DataFrame, utility_cfg: Any, v
                      fmt(acc, "pct"), delta, fmt(as_float(u["epsilon"]), "2"), fmt(r.get("psnr"), "2"),
                      data(text_of(r.get("worst_attack"))), text_of(r.get("verdict")),
                      data(text_of(u["error"])) if u["status"] != "ok" else ""])  # fmt: skip
-    doc.append(("table", ["defense", "params", "accuracy", "change (points)", "epsilon", "worst-case PSNR",
-                          "worst attack", "verdict", "error"], rows))  # fmt: skip
+    head = ["defense", "params", "accuracy", "change (points)", "epsilon", "worst-case PSNR", "worst attack", "verdict",
+            "error"]  # fmt: skip
+    if not images:  # no PSNR to show: the text ranking carries the worst cases
+        head, rows = head[:5] + head[-1:], [r[:5] + r[-1:] for r in rows]
+    doc.append(("table", head, rows))
     return doc
 
 
@@ -250,7 +268,12 @@ def _trouble_blocks(df: pd.DataFrame) -> list[tuple]:
 def leaderboard_notes(df: pd.DataFrame) -> list[str]:
     """Notes a reader must see: attacks run below the budget their settings were tuned for (extra.under_budget)."""
     notes = []
-    if "case" in df and any('"model_state": "trained"' in c for c in df["case"].dropna()):
+    if "case" in df and any('"model_state": "trained"' in c for c in df["case"].dropna()) and only_text(df):
+        notes.append("model_state=trained: the model trained on the data set's training split; the victims' texts come "
+                     "from the held-out split, texts it never trained on; the blind guess (the training split's most "
+                     "frequent tokens) and the attacks' public text (LAMP's language-model prior) come from the "
+                     "training split.")  # fmt: skip
+    elif "case" in df and any('"model_state": "trained"' in c for c in df["case"].dropna()):
         notes.append("model_state=trained: the model trained on the data set's training split; the victims' batches "
                      "(and the blind guess, their split's mean image) come from the test split, images it never "
                      "trained on (Geiping et al. attack validation images); attacks given public data get the "

@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from gleak.aggregate import median_verdict
-from gleak.documents.cells import fmt, params_text
+from gleak.aggregate import as_float, median_verdict
+from gleak.documents.cells import attack_label, fmt, params_text
 from gleak.textmetrics import PARTIAL_MARGIN, PARTIAL_ROUGE_1, RECOVERED_ROUGE_L
 from gleak.vocabulary import DEFAULT_SEQ_LEN
 
@@ -58,11 +58,25 @@ def _ms(r: dict, m: str) -> str:
     return fmt(r[m], "3") + (f" ± {fmt(s, '3')}" if s is not None and s == s else "")
 
 
-def text_blocks(df: pd.DataFrame) -> list[tuple]:
-    """The text sections as leaderboard blocks; none where the suite has no text trial."""
+def only_text(df: pd.DataFrame) -> bool:
+    """True where every finished trial is a text trial: the image tables (PSNR, SSIM, ...) would be empty."""
+    ok = df[df["status"] == "ok"] if "status" in df.columns else df
+    return len(ok) > 0 and len(text_rows(df)) == len(ok)
+
+
+def text_blocks(df: pd.DataFrame, vd: dict | None = None, va: dict | None = None,
+                utility: pd.DataFrame | None = None) -> list[tuple]:  # fmt: skip
+    """The text sections as leaderboard blocks; none where the suite has no text trial. vd, va: the parameters to
+    name for each defense and attack (gleak.aggregate.varying_keys); utility: the suite's utility.csv, whose accuracy
+    and epsilon stand beside each defense's worst case."""
     t = text_rows(df)
     if not len(t):
         return []
+    vd, va = vd or {}, va or {}
+
+    def d_params(r: dict) -> str:
+        return params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"]))
+
     agg = _groups(t)
     doc: list[tuple] = [("h2", "Text: defenses ranked by their worst case over the text attacks")]
     doc.append(("p",
@@ -73,7 +87,10 @@ def text_blocks(df: pd.DataFrame) -> list[tuple]:
         "frequent tokens. Verdict: recovered where ROUGE-L >= "
         f"{RECOVERED_ROUGE_L:g} (the text in its order); partial where ROUGE-1 >= {PARTIAL_ROUGE_1:g} and at least "
         f"{PARTIAL_MARGIN:g} above the blind guess's ROUGE-1 (the words); else defended. Means ± std over seeds. A "
-        "defense's worst case is the attack with the highest mean ROUGE-1 against it in any case."))  # fmt: skip
+        "defense's worst case is the attack with the highest mean ROUGE-1 against it in any case"
+        + ("; beside it the test accuracy of the suite's utility run under the defense, its change from the "
+           "undefended run and epsilon where the defense has one." if utility is not None else ".")))  # fmt: skip
+    accuracy = _accuracy_by_defense(utility)
     worst = []
     for (d, dp), g in agg.groupby(["defense", "defense_params"], sort=False, dropna=False):
         w = g.sort_values("rouge1", ascending=False, na_position="last").iloc[0].to_dict()
@@ -84,16 +101,21 @@ def text_blocks(df: pd.DataFrame) -> list[tuple]:
         val = round(r["rouge1"] or 0.0, 2)
         rank = rank if val == prev else i
         prev = val
-        rank_rows.append([str(rank), r["defense"], params_text(r["defense_params"], "defense", r["defense"]), r["attack"],
-                          f"B={r['batch_size']} L={r['seq_len']}", *[_ms(r, m) for m in METRICS], r["verdict"] or ""])  # fmt: skip
-    doc.append(("table", ["rank", "defense", "params", "worst attack", "its case", *HEADS, "verdict"], rank_rows))
+        row = [str(rank), r["defense"], d_params(r), attack_label(r["attack"], r["attack_params"], va),
+               f"B={r['batch_size']} L={r['seq_len']}", *[_ms(r, m) for m in METRICS], r["verdict"] or ""]  # fmt: skip
+        if accuracy is not None:
+            row += accuracy.get((r["defense"], r["defense_params"]), ["", "", ""])
+        rank_rows.append(row)
+    head = ["rank", "defense", "params", "worst attack", "its case", *HEADS, "verdict"]
+    if accuracy is not None:
+        head += ["accuracy", "change (points)", "epsilon"]
+    doc.append(("table", head, rank_rows))
 
     doc.append(("h2", "Text: results by case"))
     for key, g in agg.groupby(["dataset", "model", "batch_size", "seq_len"], sort=False):
         doc.append(("h3", f"dataset={key[0]} model={key[1]} batch size={key[2]} sequence length={key[3]}"))
-        rows = [[r["defense"], params_text(r["defense_params"], "defense", r["defense"]), r["attack"],
-                 params_text(r["attack_params"], "attack", r["attack"]), str(r["trials"]), *[_ms(r, m) for m in METRICS],
-                 r["verdict"] or ""] for r in g.to_dict("records")]  # fmt: skip
+        rows = [[r["defense"], d_params(r), r["attack"], params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
+                 str(r["trials"]), *[_ms(r, m) for m in METRICS], r["verdict"] or ""] for r in g.to_dict("records")]  # fmt: skip
         doc.append(("table", ["defense", "params", "attack", "attack params", "trials", *HEADS, "verdict"], rows))
 
     doc.append(("h2", "Text: reconstructions beside their truth"))
@@ -102,8 +124,22 @@ def text_blocks(df: pd.DataFrame) -> list[tuple]:
     none = t[t["defense"] == "none"].sort_values("seed")
     for _, g in none.groupby(["dataset", "model", "batch_size", "seq_len", "attack", "attack_params"], sort=False):
         r = g.iloc[0]
-        shown.append([r["attack"], f"B={r['batch_size']} L={r['seq_len']}", str(r["text_truth"] or ""),
+        shown.append([attack_label(r["attack"], r["attack_params"], va), f"B={r['batch_size']} L={r['seq_len']}", str(r["text_truth"] or ""),
                       str(r["text_reconstruction"] or ""), fmt(r["rouge1"], "3")])  # fmt: skip
     if shown:
         doc.append(("table", ["attack", "case", "truth", "reconstruction", "ROUGE-1"], shown))
     return doc
+
+
+def _accuracy_by_defense(utility: pd.DataFrame | None) -> dict[tuple, list[str]] | None:
+    """(defense, defense_params) -> [accuracy, change from the undefended run in points, epsilon] as text."""
+    if utility is None or not len(utility):
+        return None
+    out = {}
+    for u in utility.to_dict("records"):
+        acc, base = as_float(u.get("accuracy")), as_float(u.get("baseline_accuracy"))
+        change = f"{100 * (acc - base):+.2f}" if acc is not None and base is not None else ""
+        failed = u.get("status") not in (None, "ok") and acc is None
+        out[(u["defense"], u["defense_params"])] = [fmt(acc, "pct") if not failed else "failed", change,
+                                                     fmt(as_float(u.get("epsilon")), "2")]  # fmt: skip
+    return out
