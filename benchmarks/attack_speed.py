@@ -1,7 +1,7 @@
 """How fast gleak's optimisation attacks run against the floor of the same computation written by hand in raw torch.
 
     python benchmarks/attack_speed.py [--threads 1] [--repeats 5] [--skip-rss] [--device auto|cpu|cuda[:N]]
-                                      [--only restarts] [--seeds 8] [--dlg-iterations 300] [--ig-iterations 300]
+                                      [--only restarts|dlg-parts] [--seeds 8] [--dlg-iterations 300] [--ig-iterations 300]
 
 Prints, measured in this run:
 1. ms per iteration of gleak's inverting-gradients (one signed-Adam step) and dlg (one L-BFGS closure evaluation) on
@@ -21,6 +21,11 @@ Prints, measured in this run:
      raw torch with one batched forward/backward per iteration (torch.func per-restart gradients; target <= 1.15);
    - gradinversion, 4 agents, ResNet-20 (width 1, 16 px, batch 4, train mode): batched against one after another,
      the same gradient distance.
+   - dlg, where a step's time goes (--only dlg-parts): one objective evaluation of one start as the loop computes
+     it against the same evaluation for 16 starts batched (per start), and the batched L-BFGS direction with a full
+     history (per start and inner iteration): the per-evaluation ratio bounds what batching can gain on a whole
+     trial, before the batched run's extra starts (it advances all 16 until one matches; the loop stops at the
+     first start that matches) take their share.
 4. Peak RSS of one inverting-gradients trial on ResNet-18 at batch size 8 in a fresh process (target < 4 GiB).
    Peak memory does not grow with iterations (each iteration frees its graph), so a few iterations measure it.
 Clock: CPU time of this process when --threads is 1 (stable under other load), wall time otherwise; on a GPU
@@ -123,6 +128,55 @@ def raw_dlg(obs: Observation, steps: int, max_iter: int, seed: int) -> tuple[tor
     for _ in range(steps):
         opt.step(closure)
     return x.detach(), evals
+
+
+def dlg_parts_lines(args, now) -> list[str]:
+    """dlg on LeNet 32 px, B=1: the cost of one objective evaluation per start, one start at a time (the loop's
+    closure) against 16 starts batched (attacks/dlg.py's vmap closure), and of the batched L-BFGS direction with a
+    full history; the fastest of --repeats."""
+    from gleak.attacks._gradmatch import attack_model, observed_gradient, param_gradients
+    from gleak.attacks._lbfgs import BatchedLBFGS
+    from gleak.attacks.dlg import _batched_closure, _gradient_distance, _Problem, soft_cross_entropy
+
+    obs, _ = observation("lenet", 1)
+    model, names, params = attack_model(obs)
+    target = list(observed_gradient(obs.update, names, torch.float32)[0])
+    k, R = obs.knowledge, 16
+    problem = _Problem(model, names, params, target, k, torch.float32, None, None)
+    closure = _batched_closure(problem, None, soft=True)
+    gen = torch.Generator().manual_seed(0)
+    flat = torch.randn((R, problem.image_size + k.num_classes), generator=gen)
+    rows = torch.arange(R)
+
+    def one_start():
+        x = flat[0, : problem.image_size].reshape(1, *k.input_shape).clone().requires_grad_(True)
+        label = flat[0, problem.image_size :].reshape(1, k.num_classes).clone().requires_grad_(True)
+        dist = _gradient_distance(param_gradients(model, params, x, soft_cross_entropy, label), target)
+        return torch.autograd.grad(dist, [x, label])
+
+    t = fastest({"one": one_start, "batched": lambda: closure(rows, flat)}, args.repeats, now)
+    # The direction's cost does not depend on the values: a full history of random pairs (y.s > 0) stands in for
+    # one that 100 inner iterations would leave.
+    opt = BatchedLBFGS(flat, closure, history_size=100)
+    H = opt.history
+    s_, y_ = torch.randn((R, H, flat.shape[1]), generator=gen), torch.randn((R, H, flat.shape[1]), generator=gen)
+    y_ = y_ + s_  # positive curvature
+    opt.pairs = torch.cat([s_, y_], 1)
+    opt.ro = 1.0 / (s_ * y_).sum(-1)
+    opt.sy, opt.yy = torch.bmm(s_, y_.transpose(1, 2)), torch.bmm(y_, y_.transpose(1, 2))
+    opt.count.fill_(H)
+    opt.g, opt.prev_g, opt.d = (torch.randn(flat.shape, generator=gen) for _ in range(3))
+    opt.t.fill_(1e-3)
+    later = torch.ones(R, dtype=torch.bool)
+    direction = fastest({"d": lambda: opt._direction(later, ~later)}, args.repeats, now)["d"][0] / R
+    one, batched = t["one"][0], t["batched"][0] / R
+    return [
+        f"dlg, one objective evaluation of one start (the loop's closure): {1e3 * one:.2f} ms",
+        f"dlg, 16 starts batched: {1e3 * batched:.2f} ms per start (x{one / batched:.2f}); the batched L-BFGS "
+        f"direction, history full ({H} pairs): {1e3 * direction:.2f} ms per start and iteration",
+        f"dlg, batched evaluation + direction per start: {1e3 * (batched + direction):.2f} ms, x{one / (batched + direction):.2f} "
+        "the loop's evaluation (the loop's own direction, torch.optim.LBFGS, not counted on its side)",
+    ]
 
 
 # ---- timing ----------------------------------------------------------------------------------------------------------
@@ -348,7 +402,7 @@ def main() -> int:
     p.add_argument("--resnet-iterations", type=int, default=5)
     p.add_argument("--rss-iterations", type=int, default=3)
     p.add_argument("--skip-rss", action="store_true")
-    p.add_argument("--only", choices=["restarts"], help="run only this section")
+    p.add_argument("--only", choices=["restarts", "dlg-parts"], help="run only this section")
     p.add_argument("--seeds", type=int, default=8)
     p.add_argument("--dlg-iterations", type=int, default=300)
     p.add_argument("--ig-iterations", type=int, default=300)
@@ -375,6 +429,11 @@ def main() -> int:
 def _measure(args, now) -> int:
     if args.only == "restarts":
         return _restarts(args, now)
+    if args.only == "dlg-parts":
+        print("\n## dlg: where a batched step's time goes, per start (LeNet 32 px, B=1)")
+        for line in dlg_parts_lines(args, now):
+            print(line, flush=True)
+        return 0
     print("\n## ms per iteration: gleak vs the raw-torch floor (target ratio <= 1.15)")
     worst = 0.0
     for name, g, r in speed_lines(args, now):
@@ -388,6 +447,9 @@ def _measure(args, now) -> int:
         print(line)
 
     _restarts(args, now)
+    print("\n## dlg: where a batched step's time goes, per start (LeNet 32 px, B=1)")
+    for line in dlg_parts_lines(args, now):
+        print(line, flush=True)
     if not args.skip_rss:
         print("\n## peak memory of one inverting-gradients trial, ResNet-18, batch size 8, 32x32 (fresh process)")
         m = peak_rss(args)
