@@ -249,7 +249,8 @@ def reconstruction_grid(cells, image_dir: Path, path: Path, title: str) -> Path 
 
 
 STRENGTH_METRICS = [("psnr", "PSNR (dB), worst case", False), ("ssim", "SSIM", False), ("mse_median", "MSE (median)", True),
-                    ("lpips", "LPIPS", False), ("label_acc", "label accuracy", False)]  # fmt: skip
+                    ("lpips", "LPIPS", False), ("label_acc", "label accuracy", False),
+                    ("rouge1", "ROUGE-1 (text), worst case", False)]  # fmt: skip
 
 
 def _metric_panel(ax, lines, key: str, label: str, logy: bool, baselines) -> bool:
@@ -279,7 +280,7 @@ def _metric_panel(ax, lines, key: str, label: str, logy: bool, baselines) -> boo
             ax.axhline(_clip([base], key)[0][0], color=color, linestyle=(0, (1, 2)), linewidth=1, alpha=0.8)
     if logy:
         ax.set_yscale("log")
-    if key in ("ssim", "label_acc"):
+    if key in ("ssim", "label_acc", "rouge1"):
         ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.05)
     if key == "psnr":
         _band_axis(ax)
@@ -326,7 +327,8 @@ def strength_figure(lines, accuracy, baselines, xkey: str, path: Path, title: st
     metrics = [m for m in STRENGTH_METRICS if m[0] in lines and lines[m[0]].notna().any()]
     with_acc = accuracy is not None and len(accuracy) > 0
     fig = _figure(3.3 * (len(metrics) + with_acc) + 0.6, 3.4)
-    axes = fig.subplots(1, len(metrics) + with_acc, squeeze=False)[0]
+    # one x range for every panel: a configuration without an accuracy (a failed utility run) keeps its place
+    axes = fig.subplots(1, len(metrics) + with_acc, squeeze=False, sharex=True)[0]
     clipped = [_metric_panel(ax, lines, *m, baselines) for ax, m in zip(axes, metrics)]
     if with_acc:
         _accuracy_panel(axes[-1], accuracy, baselines.get("accuracy"))

@@ -27,6 +27,7 @@ from gleak.documents import tables
 from gleak.documents.cells import attack_label, data, defense_label
 from gleak.documents.html import render_html
 from gleak.documents.leaderboard import attack_defense_matrix, leaderboard_document, leaderboard_notes  # noqa: F401
+from gleak.documents.text import worst_rouge_per_config
 from gleak.documents.markdown import md_escape, md_table, render_markdown  # noqa: F401
 from gleak.errors import InputError
 from gleak.files import atomic_write_bytes
@@ -144,8 +145,11 @@ def _worst_per_config(agg: pd.DataFrame, va: dict) -> pd.DataFrame:
     return worst
 
 
-def _strength_figures(agg: pd.DataFrame, utility: pd.DataFrame | None, fig_dir: Path, vd: dict, va: dict, add: Any) -> None:
-    """Each metric against defense strength, one line per attack (worst case over cases per configuration)."""
+def _strength_figures(agg: pd.DataFrame, utility: pd.DataFrame | None, fig_dir: Path, vd: dict, va: dict, add: Any,
+                      rouge: dict | None = None) -> None:  # fmt: skip
+    """Each metric against defense strength, one line per attack (worst case over cases per configuration); text
+    trials' ROUGE-1 (`rouge`: gleak.documents.text.worst_rouge_per_config) beside the image metrics."""
+    rouge = rouge or {}
     from gleak import figures as fg
 
     worst = _worst_per_config(agg, va)
@@ -160,23 +164,28 @@ def _strength_figures(agg: pd.DataFrame, utility: pd.DataFrame | None, fig_dir: 
             for js, x in xs.items():
                 w = worst[(worst["defense"] == name) & (worst["defense_params"] == js)]
                 for _, r in w.iterrows():
+                    r1, r1_err = rouge.get((name, js, r["attack"], r["attack_params"]), (None, None))
                     lines.append({"attack": r["attack_label"], "group": label, "x": x,
                                   **{m: as_float(r[m]) for m in ("psnr", "ssim", "mse_median", "lpips", "label_acc")},
-                                  **{f"{m}_err": as_float(r[f"{m}_err"]) for m in ("psnr", "ssim", "lpips", "label_acc")}})  # fmt: skip
+                                  **{f"{m}_err": as_float(r[f"{m}_err"]) for m in ("psnr", "ssim", "lpips", "label_acc")},
+                                  "rouge1": r1, "rouge1_err": r1_err})  # fmt: skip
                 if acc_of.get((name, js)) is not None:
                     accs.append({"group": label, "x": x, "accuracy": acc_of[(name, js)]})
         baselines: dict[str, Any] = {m: {r["attack_label"]: as_float(r[m]) for _, r in base.iterrows()}
                                      for m in ("psnr", "ssim", "mse_median", "lpips", "label_acc")}  # fmt: skip
+        baselines["rouge1"] = {r["attack_label"]: rouge.get(("none", r["defense_params"], r["attack"], r["attack_params"]),
+                                                            (None, None))[0] for _, r in base.iterrows()}  # fmt: skip
         baselines["accuracy"] = base_acc
         path = fig_dir / f"strength_{_slug(name)}_{_slug(key)}.png"
         drawn = fg.strength_figure(pd.DataFrame(lines), pd.DataFrame(accs) if accs else None, baselines, key, path,
                                    f"{name}: each metric against {key}")  # fmt: skip
-        if any(ln[m] is not None for ln in lines for m in ("psnr", "ssim", "mse_median", "lpips", "label_acc")):
-            add(drawn, f"{data(name)}: the best attack result (worst case over cases; median PSNR and MSE, mean SSIM, "
-                       "LPIPS and label accuracy; bars: ± one standard deviation over seeds) and the test accuracy "
-                       f"against {data(key)}, one line per attack.")  # fmt: skip
-        else:  # text trials only: their scores are in the text tables
-            add(drawn, f"{data(name)}: the test accuracy against {data(key)} (the attacks' text scores: see the text tables).")
+        drew = [m for m in ("psnr", "ssim", "mse_median", "lpips", "label_acc", "rouge1") if any(ln[m] is not None for ln in lines)]
+        what = ("median PSNR and MSE, mean SSIM, LPIPS and label accuracy" if set(drew) - {"rouge1"} else "")
+        if "rouge1" in drew:
+            what += ("; " if what else "") + "text trials: mean ROUGE-1"
+        add(drawn, f"{data(name)}: the best attack result (worst case over cases; {what}; bars: ± one standard "
+                   f"deviation over seeds) and the test accuracy against {data(key)}, one line per attack." if what else
+                   f"{data(name)}: the test accuracy against {data(key)}.")  # fmt: skip
 
 
 def _frontier_figures(dr: pd.DataFrame, utility: pd.DataFrame | None, fig_dir: Path, vd: dict, add: Any) -> None:
@@ -229,7 +238,7 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
             out.append((rel, caption))
 
     _grid_figures(df, folder, fig_dir, vd, va, add)
-    _strength_figures(agg, utility, fig_dir, vd, va, add)
+    _strength_figures(agg, utility, fig_dir, vd, va, add, worst_rouge_per_config(df))
     _frontier_figures(dr, utility, fig_dir, vd, add)
     _remove_stale_figures(folder, fig_dir, written)
     return out

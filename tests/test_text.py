@@ -153,6 +153,31 @@ def test_a_text_suite_runs_and_its_leaderboard_ranks_the_defenses_by_rouge_with_
     assert "partial" in md[md.index("## Text: results by case"):md.index("## Text: reconstructions")]
 
 
+def test_a_text_sweep_draws_rouge_against_the_defense_strength(tmp_path):
+    """The strength figure of a text suite draws each attack's worst-case ROUGE-1 against the defense parameter
+    (the text analogue of the worst-case PSNR), and its caption says so."""
+    import gleak
+    from gleak.documents.text import worst_rouge_per_config
+    from gleak.report import _load
+
+    f = tmp_path / "t.toml"
+    f.write_text('[suite]\nname = "t"\nseeds = [0, 1]\n[case]\ndataset = "fortunes"\nmodel = "text-classifier"\nseq_len = 16\n'
+                 'batch_size = [1, 4]\n[[attack]]\nname = "token-set"\n[[defense]]\nname = "none"\n[[defense]]\nname = "noise"\n'
+                 'sigma = [1e-4, 1.0]\n')  # fmt: skip
+    gleak.run(f, tmp_path / "out", progress=False)
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "figures/strength_noise_sigma.png" in md and "text trials: mean ROUGE-1" in md
+    df = _load(tmp_path / "out")["df"]
+    worst = worst_rouge_per_config(df)
+    # the worst case is the most leaky of the two batch sizes (batch 1: the token set of one sentence, ROUGE-1 higher)
+    ok = df[(df.status == "ok") & (df.defense == "none")]
+    per_case = [statistics.mean(json.loads(e)["rouge1"] for e in g["extra"]) for _, g in ok.groupby("batch_size")]
+    assert worst[("none", "{}", "token-set", ok.attack_params.iloc[0])][0] == pytest.approx(max(per_case))
+    assert min(per_case) < max(per_case) - 0.1, per_case
+    by_sigma = {json.loads(k[1]).get("sigma"): v[0] for k, v in worst.items() if k[0] == "noise"}
+    assert by_sigma[1.0] < by_sigma[1e-4] - 0.3, by_sigma  # noise of sigma 1 hides the token set
+
+
 def test_utility_runs_train_the_text_classifier_and_noise_costs_accuracy(tmp_path):
     import csv
 

@@ -143,3 +143,17 @@ def _accuracy_by_defense(utility: pd.DataFrame | None) -> dict[tuple, list[str]]
         out[(u["defense"], u["defense_params"])] = [fmt(acc, "pct") if not failed else "failed", change,
                                                      fmt(as_float(u.get("epsilon")), "2")]  # fmt: skip
     return out
+
+
+def worst_rouge_per_config(df: pd.DataFrame) -> dict[tuple, tuple[float | None, float | None]]:
+    """(defense, defense_params, attack, attack_params) -> (mean ROUGE-1, its std over seeds) of the attack's most
+    leaky text case against that defense configuration: the text analogue of the worst-case PSNR."""
+    t = text_rows(df)
+    if not len(t):
+        return {}
+    out: dict[tuple, tuple[float | None, float | None]] = {}
+    for r in _groups(t).to_dict("records"):
+        key = (r["defense"], r["defense_params"], r["attack"], r["attack_params"])
+        if r["rouge1"] is not None and (key not in out or r["rouge1"] > (out[key][0] or -1.0)):
+            out[key] = (r["rouge1"], r["rouge1_std"])
+    return out
