@@ -109,15 +109,13 @@ def test_text_has_the_published_shape():
 
 
 def test_text_lamp_and_tag_through_dgp_have_the_published_shape():
-    """A data check of results/text once it is regenerated with LAMP (suites/text.toml names it): undefended at batch
+    """A data check of results/text (suites/text.toml names LAMP): undefended at batch
     1, LAMP beats the blind guess's ROUGE-1 by at least 0.3 on every seed; through DGP, TAG and LAMP are scored with
     the whole vocabulary (token_set_fallback), not counted as not applicable."""
     path = ROOT / "results" / "text" / "results.csv"
     if not path.is_file():
         pytest.skip("results/text not published in this checkout")
     df = pd.read_csv(path)
-    if not (df.attack == "lamp").any():
-        pytest.skip("results/text was published before suites/text.toml named LAMP: rerun the suite to check it")
     searching = df.attack.isin(["tag", "lamp"]) & (df.defense == "dgp")
     assert searching.sum() >= 24 and (df.status[searching] == "ok").all()
     ok = df[df.status == "ok"]
