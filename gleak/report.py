@@ -27,8 +27,8 @@ from gleak.documents import tables
 from gleak.documents.cells import attack_label, data, defense_label
 from gleak.documents.html import render_html
 from gleak.documents.leaderboard import attack_defense_matrix, leaderboard_document, leaderboard_notes  # noqa: F401
-from gleak.documents.text import worst_rouge_per_config
 from gleak.documents.markdown import md_escape, md_table, render_markdown  # noqa: F401
+from gleak.documents.text import worst_rouge_per_config
 from gleak.errors import InputError
 from gleak.files import atomic_write_bytes
 from gleak.folder import FIGURE_PREFIXES

@@ -84,6 +84,12 @@ def mean_std(r: Any, m: str, kind: str, ci: bool = False, mean_key: str | None =
     return text
 
 
+def accuracy_change(u: Any) -> str:
+    """A utility run's accuracy change from the undefended run, in points ('+1.25'); '' where either is missing."""
+    acc, base = as_float(u.get("accuracy")), as_float(u.get("baseline_accuracy"))
+    return f"{100 * (acc - base):+.2f}" if acc is not None and base is not None else ""
+
+
 def label_text(r: Any) -> str:
     acc = as_float(r.get("label_acc"))
     return "" if acc is None else f"{fmt(acc, '3')} ({data(r.get('label_attack'))})"

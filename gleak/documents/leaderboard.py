@@ -10,7 +10,7 @@ import pandas as pd
 from gleak.aggregate import CASE_KEYS, as_float, extra_value, varying_keys
 from gleak.attribution import undefended_baseline
 from gleak.documents.cells import (
-    attack_label, data, extras_text, fmt, label_text, mean_std, params_text, text_of, trials_text, worst_attack_text,
+    accuracy_change, attack_label, data, extras_text, fmt, label_text, mean_std, params_text, text_of, trials_text, worst_attack_text,
 )  # fmt: skip
 from gleak.metrics import LPIPS_HOWTO, PSNR_CEILING, verdict_rule_text
 from gleak.store import DONE, NOT_APPLICABLE
@@ -194,10 +194,9 @@ def _utility_blocks(dr: pd.DataFrame, utility: pd.DataFrame, utility_cfg: Any, v
     rows = []
     for _, u in utility.iterrows():
         r = by_cfg.get((u["defense"], u["defense_params"]), {})
-        acc, base = as_float(u["accuracy"]), as_float(u["baseline_accuracy"])
-        delta = f"{100 * (acc - base):+.2f}" if acc is not None and base is not None else ""
+        acc = as_float(u["accuracy"])
         rows.append([data(u["defense"]), data(params_text(u["defense_params"], "defense", u["defense"], vd.get(u["defense"]))),
-                     fmt(acc, "pct"), delta, fmt(as_float(u["epsilon"]), "2"), fmt(r.get("psnr"), "2"),
+                     fmt(acc, "pct"), accuracy_change(u), fmt(as_float(u["epsilon"]), "2"), fmt(r.get("psnr"), "2"),
                      data(text_of(r.get("worst_attack"))), text_of(r.get("verdict")),
                      data(text_of(u["error"])) if u["status"] != "ok" else ""])  # fmt: skip
     head = ["defense", "params", "accuracy", "change (points)", "epsilon", "worst-case PSNR", "worst attack", "verdict",

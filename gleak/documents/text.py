@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from gleak.aggregate import as_float, median_verdict
-from gleak.documents.cells import attack_label, fmt, params_text
+from gleak.documents.cells import accuracy_change, attack_label, fmt, params_text
 from gleak.textmetrics import PARTIAL_MARGIN, PARTIAL_ROUGE_1, RECOVERED_ROUGE_L
 from gleak.vocabulary import DEFAULT_SEQ_LEN
 
@@ -137,10 +137,9 @@ def _accuracy_by_defense(utility: pd.DataFrame | None) -> dict[tuple, list[str]]
         return None
     out = {}
     for u in utility.to_dict("records"):
-        acc, base = as_float(u.get("accuracy")), as_float(u.get("baseline_accuracy"))
-        change = f"{100 * (acc - base):+.2f}" if acc is not None and base is not None else ""
+        acc = as_float(u.get("accuracy"))
         failed = u.get("status") not in (None, "ok") and acc is None
-        out[(u["defense"], u["defense_params"])] = [fmt(acc, "pct") if not failed else "failed", change,
+        out[(u["defense"], u["defense_params"])] = [fmt(acc, "pct") if not failed else "failed", accuracy_change(u),
                                                      fmt(as_float(u.get("epsilon")), "2")]  # fmt: skip
     return out
 
