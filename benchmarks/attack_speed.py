@@ -430,10 +430,7 @@ def _measure(args, now) -> int:
     if args.only == "restarts":
         return _restarts(args, now)
     if args.only == "dlg-parts":
-        print("\n## dlg: where a batched step's time goes, per start (LeNet 32 px, B=1)")
-        for line in dlg_parts_lines(args, now):
-            print(line, flush=True)
-        return 0
+        return _dlg_parts(args, now)
     print("\n## ms per iteration: gleak vs the raw-torch floor (target ratio <= 1.15)")
     worst = 0.0
     for name, g, r in speed_lines(args, now):
@@ -447,15 +444,20 @@ def _measure(args, now) -> int:
         print(line)
 
     _restarts(args, now)
-    print("\n## dlg: where a batched step's time goes, per start (LeNet 32 px, B=1)")
-    for line in dlg_parts_lines(args, now):
-        print(line, flush=True)
+    _dlg_parts(args, now)
     if not args.skip_rss:
         print("\n## peak memory of one inverting-gradients trial, ResNet-18, batch size 8, 32x32 (fresh process)")
         m = peak_rss(args)
         gib = m["maxrss_kib"] / 2**20
         print(f"peak RSS {gib:.2f} GiB ({m['maxrss_kib']} KiB), {args.rss_iterations} iterations in {m['seconds']:.1f} s: "
               f"{'under' if gib < RSS_TARGET_GIB else 'OVER'} the {RSS_TARGET_GIB} GiB target")  # fmt: skip
+    return 0
+
+
+def _dlg_parts(args, now) -> int:
+    print("\n## dlg: where a batched step's time goes, per start (LeNet 32 px, B=1)")
+    for line in dlg_parts_lines(args, now):
+        print(line, flush=True)
     return 0
 
 
