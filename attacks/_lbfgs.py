@@ -13,6 +13,13 @@ Programming 1994): the inner products s_i.y_j and y_i.y_j are kept in small Gram
 stored), and each loop becomes one triangular solve, so a step costs three batched matrix products instead of
 4 x history_size vector operations per row. Same mathematics, other rounding: tests/test_batched_restarts.py
 bounds the difference to torch.optim.LBFGS in float64.
+
+Where the time goes (benchmarks/attack_speed.py --only dlg-parts): the two passes over the history (16 rows x 200
+vectors x 3,082 variables for DLG's LeNet) cost about as much as the objective. The first pass (the inner products)
+runs over the rows still iterating only, in views of neighbouring rows, since a row's products do not depend on
+which other rows share the call (checked bit for bit); the second (the combination) runs over all rows, since this
+CPU's batched product rounds a row differently by its place in the batch. The small per-pair arrays are kept oldest
+to newest, so the two-loop reads them as they are. Both changes leave every number as it was.
 """
 from __future__ import annotations
 
@@ -55,8 +62,10 @@ class BatchedLBFGS:
         self.fresh = torch.zeros(R, dtype=torch.bool, device=x.device)  # loss and g are those of the current x
         # The history: rows 0..H-1 the steps s, H..2H-1 the gradient changes y, by physical slot (a ring per row).
         self.pairs = new(R, 2 * H, P)
-        self.ro = new(R, H)  # 1 / y.s per slot
-        self.sy, self.yy = new(R, H, H), new(R, H, H)  # s_a.y_b and y_a.y_b by physical slots (a, b)
+        # The small arrays by position instead, oldest (0) to newest (H - 1), so that the two-loop reads them as they
+        # are (gathering them by slot cost as much as a pass over the history); a stored pair shifts them by one.
+        self.ro = new(R, H)  # 1 / y.s
+        self.sy, self.yy = new(R, H, H), new(R, H, H)  # s_a.y_b and y_a.y_b, positions (a, b)
         self.head, self.count = torch.zeros(R, **long), torch.zeros(R, **long)
 
     # -- evaluation ------------------------------------------------------------------------------------------------
@@ -121,66 +130,95 @@ class BatchedLBFGS:
             ys = (y * s).sum(-1)
             stored = later & (ys > CURVATURE_MIN)
             slot = self._write(stored, s, y, ys)
-            # y and s of the new pair, and g, against every stored s and y: one pass over the history for all rows
-            # (indexing the history by rows would copy it)
-            dots = torch.bmm(torch.stack([y, s, self.g], 1), self.pairs.transpose(1, 2))
+            # y and s of the new pair, and g, against every stored s and y: one pass over the history of the rows
+            # still iterating (indexing the history by rows would copy it, so each run of neighbouring rows is a view)
+            runs = _runs(later)
+            dots = self.g.new_zeros(self.g.shape[0], 3, 2 * self.history)
+            vectors = torch.stack([y, s, self.g], 1)
+            for a, b in runs:
+                dots[a:b] = torch.bmm(vectors[a:b], self.pairs[a:b].transpose(1, 2))
             self._update_gram(stored, slot, dots)
-            d = self._two_loop(self.g, dots[:, 2])
+            d = self._two_loop(self.g, dots[:, 2], runs)
         else:
             d = self.d
         self.d = torch.where(first[:, None], -self.g, torch.where(later[:, None], d, self.d))
 
     def _write(self, rows: Tensor, s: Tensor, y: Tensor, ys: Tensor) -> Tensor:
-        """Store (s, y) in the slot after the newest of each row of `rows` (over the oldest once full); the slots."""
+        """Store (s, y) in the slot after the newest of each row of `rows` (over the oldest once full); the slots.
+        The small per-pair arrays move one position towards the oldest, the new pair taking the newest."""
         H = self.history
         idx = rows.nonzero().flatten()
         slot = self.head[idx]
         self.pairs[idx, slot] = s[idx]
         self.pairs[idx, H + slot] = y[idx]
-        self.ro[idx, slot] = 1.0 / ys[idx]
+        self.ro[idx] = torch.roll(self.ro[idx], -1, 1)
+        self.ro[idx, H - 1] = 1.0 / ys[idx]
+        self.sy[idx] = torch.roll(self.sy[idx], (-1, -1), (1, 2))
+        self.yy[idx] = torch.roll(self.yy[idx], (-1, -1), (1, 2))
         self.h_diag[idx] = ys[idx] / (y[idx] * y[idx]).sum(-1)
         self.head[idx] = (slot + 1) % H
         self.count[idx] = torch.clamp(self.count[idx] + 1, max=H)
         return slot
 
+    def _slots(self) -> Tensor:
+        """(R, H): the physical slot of each position, oldest (0) to newest (H - 1); the last `count` are valid."""
+        H = self.history
+        pos = torch.arange(H, device=self.head.device)
+        return (self.head[:, None] - H + pos[None, :]) % H
+
     def _update_gram(self, rows: Tensor, slot: Tensor, dots: Tensor) -> None:
-        """The Gram matrices' row and column of each new slot, from dots (R, 3, 2H): y_new and s_new against every
-        stored s and y."""
+        """The Gram matrices' newest row and column of each row of `rows`, from dots (R, 3, 2H): y_new and s_new
+        against every stored s and y, by physical slot."""
         H = self.history
         idx = rows.nonzero().flatten()
         if idx.numel() == 0:
             return
-        y_s, y_y, s_y = dots[idx, 0, :H], dots[idx, 0, H:], dots[idx, 1, H:]
-        self.sy[idx, :, slot] = y_s  # s_a . y_new
-        self.sy[idx, slot, :] = s_y  # s_new . y_b
-        self.yy[idx, :, slot] = y_y
-        self.yy[idx, slot, :] = y_y
+        order = self._slots()[idx]
+        y_s, y_y, s_y = (dots[idx, i, off:off + H].gather(1, order) for i, off in ((0, 0), (0, H), (1, H)))
+        self.sy[idx, :, H - 1] = y_s  # s_a . y_new
+        self.sy[idx, H - 1, :] = s_y  # s_new . y_b
+        self.yy[idx, :, H - 1] = y_y
+        self.yy[idx, H - 1, :] = y_y
 
-    def _two_loop(self, g: Tensor, g_dots: Tensor) -> Tensor:
-        """-H g for every row, H the L-BFGS inverse Hessian of the row's history (the two-loop recursion); g_dots
-        (R, 2H): g against every stored s and y, by slot."""
+    def _two_loop(self, g: Tensor, g_dots: Tensor, runs: list[tuple[int, int]]) -> Tensor:
+        """-H g for the rows in `runs` (others: 0), H the L-BFGS inverse Hessian of the row's history (the two-loop
+        recursion); g_dots (R, 2H): g against every stored s and y, by slot."""
         H = self.history
         R = g.shape[0]
-        # temporal position p = 0..H-1 (oldest to newest; the last `count` valid) -> physical slot
+        slot = self._slots()
         pos = torch.arange(H, device=g.device)
-        slot = (self.head[:, None] - H + pos[None, :]) % H
         valid = pos[None, :] >= (H - self.count[:, None])
-        ro = torch.where(valid, self.ro.gather(1, slot), torch.zeros_like(self.ro))
-        rows = torch.arange(R, device=g.device)[:, None, None]
+        ro = torch.where(valid, self.ro, torch.zeros_like(self.ro))
         both = valid[:, :, None] & valid[:, None, :]
-        sy = torch.where(both, self.sy[rows, slot[:, :, None], slot[:, None, :]], torch.zeros_like(self.sy))
-        yy = torch.where(both, self.yy[rows, slot[:, :, None], slot[:, None, :]], torch.zeros_like(self.yy))
+        # s_a.y_b for a older than b (the strict upper triangle), both valid: the first loop's matrix, and transposed
+        # the second's
+        sy = torch.where(both & torch.ones(H, H, dtype=torch.bool, device=g.device).triu(1), self.sy, 0.0)
+        yy = torch.where(both, self.yy, torch.zeros_like(self.yy))
         sg, yg = g_dots[:, :H].gather(1, slot), g_dots[:, H:].gather(1, slot)
         sg, yg = torch.where(valid, sg, torch.zeros_like(sg)), torch.where(valid, yg, torch.zeros_like(yg))
-        upper = torch.triu(sy, diagonal=1) * ro[:, :, None]
+        upper = sy * ro[:, :, None]
         # first loop, newest to oldest: al_i = ro_i s_i.(-g - sum_{j newer} al_j y_j)
         al = torch.linalg.solve_triangular(upper, (-ro * sg)[:, :, None], upper=True, unitriangular=True)[..., 0]
         h = self.h_diag[:, None]
         c = h * (-yg - torch.bmm(yy, al[:, :, None])[..., 0])  # y_i . r0, r0 = H_diag (-g - sum_j al_j y_j)
-        lower = torch.tril(sy.transpose(1, 2), diagonal=-1) * ro[:, :, None]
+        lower = sy.transpose(1, 2).contiguous() * ro[:, :, None]  # contiguous: the solver's rounding follows the layout
         # second loop, oldest to newest: e_i = al_i - be_i, be_i = ro_i y_i.(r0 + sum_{j older} e_j s_j)
         e = torch.linalg.solve_triangular(lower, (al - ro * c)[:, :, None], upper=False, unitriangular=True)[..., 0]
         coef = torch.zeros(R, 2 * H, dtype=g.dtype, device=g.device)
         coef.scatter_(1, slot, torch.where(valid, e, torch.zeros_like(e)))
         coef.scatter_(1, slot + H, torch.where(valid, -h * al, torch.zeros_like(al)))
+        # all rows, not only those in `runs`: a batched product's rounding may depend on where a row sits in the
+        # batch (measured here for this product, not for the one above), and this pass is the cheaper of the two
         return -h * g + torch.bmm(coef[:, None, :], self.pairs)[:, 0]
+
+
+def _runs(rows: Tensor) -> list[tuple[int, int]]:
+    """The runs of neighbouring True entries of a boolean vector, as (start, stop) pairs."""
+    out: list[tuple[int, int]] = []
+    for i, on in enumerate(rows.tolist()):
+        if on and out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        elif on:
+            out.append((i, i + 1))
+    return out
+

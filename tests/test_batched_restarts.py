@@ -103,6 +103,43 @@ def test_rows_left_out_of_a_step_do_not_move():
     assert torch.equal(opt.x[1], x0[1]) and not torch.equal(opt.x[0], x0[0]) and int(opt.evaluations[1]) == 0
 
 
+def _full_history(rows: int, history: int, size: int, seed: int) -> BatchedLBFGS:
+    """A float32 BatchedLBFGS part way through a run: every row's history full of pairs with y.s > 0 (wrapped
+    around: the newest pair sits in the middle of the ring), a direction and a step taken, a new gradient."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, size, generator=g)
+    opt = BatchedLBFGS(x, lambda r, v: (v.pow(2).sum(-1), 2 * v), history_size=history)
+    s, y = torch.randn(rows, history, size, generator=g), torch.randn(rows, history, size, generator=g)
+    y = y + 3 * s  # positive curvature
+    opt.pairs = torch.cat([s, y], 1)
+    opt.head.fill_(history // 2)
+    order = opt._slots()
+    s_t, y_t = s[torch.arange(rows)[:, None], order], y[torch.arange(rows)[:, None], order]  # oldest to newest
+    opt.ro = 1.0 / (s_t * y_t).sum(-1)
+    opt.sy, opt.yy = torch.bmm(s_t, y_t.transpose(1, 2)), torch.bmm(y_t, y_t.transpose(1, 2))
+    opt.count.fill_(history)
+    opt.g, opt.prev_g, opt.d = (torch.randn(rows, size, generator=g) for _ in range(3))
+    opt.t.fill_(0.1)
+    return opt
+
+
+@pytest.mark.parametrize("history, size", [(5, 37), (100, 3082)])  # the second: DLG's LeNet at 32 px, soft labels
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_rows_direction_does_not_depend_on_which_other_rows_iterate(seed, history, size):
+    """The history's inner products are taken over the iterating rows only; each row's new direction and stored
+    pair must be bit for bit those it gets when every row iterates (what results stored earlier were computed with)."""
+    rows = 7
+    everyone, nobody = torch.ones(rows, dtype=torch.bool), torch.zeros(rows, dtype=torch.bool)
+    some = torch.tensor([False, True, True, False, True, False, True])
+    full, part = _full_history(rows, history, size, seed), _full_history(rows, history, size, seed)
+    full._direction(everyone, nobody)
+    part._direction(some, nobody)
+    for name in ("d", "pairs", "ro", "sy", "yy", "h_diag", "head", "count"):
+        assert torch.equal(getattr(part, name)[some], getattr(full, name)[some]), name
+    assert torch.equal(part.d[~some], _full_history(rows, history, size, seed).d[~some])  # the others keep theirs
+    assert not torch.equal(part.d[some], _full_history(rows, history, size, seed).d[some])
+
+
 # ---- DLG -----------------------------------------------------------------------------------------------------------
 def _observation(seed=0, model="lenet", res=16, dtype=F64, batch_size=1, **model_params):
     ds = load_dataset("skimage", resolution=res)
