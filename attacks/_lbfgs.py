@@ -138,7 +138,7 @@ class BatchedLBFGS:
             for a, b in runs:
                 dots[a:b] = torch.bmm(vectors[a:b], self.pairs[a:b].transpose(1, 2))
             self._update_gram(stored, slot, dots)
-            d = self._two_loop(self.g, dots[:, 2], runs)
+            d = self._two_loop(self.g, dots[:, 2])
         else:
             d = self.d
         self.d = torch.where(first[:, None], -self.g, torch.where(later[:, None], d, self.d))
@@ -180,9 +180,9 @@ class BatchedLBFGS:
         self.yy[idx, :, H - 1] = y_y
         self.yy[idx, H - 1, :] = y_y
 
-    def _two_loop(self, g: Tensor, g_dots: Tensor, runs: list[tuple[int, int]]) -> Tensor:
-        """-H g for the rows in `runs` (others: 0), H the L-BFGS inverse Hessian of the row's history (the two-loop
-        recursion); g_dots (R, 2H): g against every stored s and y, by slot."""
+    def _two_loop(self, g: Tensor, g_dots: Tensor) -> Tensor:
+        """-H g for every row, H the L-BFGS inverse Hessian of the row's history (the two-loop recursion); g_dots
+        (R, 2H): g against every stored s and y, by slot (read only where the row iterates)."""
         H = self.history
         R = g.shape[0]
         slot = self._slots()
@@ -207,8 +207,8 @@ class BatchedLBFGS:
         coef = torch.zeros(R, 2 * H, dtype=g.dtype, device=g.device)
         coef.scatter_(1, slot, torch.where(valid, e, torch.zeros_like(e)))
         coef.scatter_(1, slot + H, torch.where(valid, -h * al, torch.zeros_like(al)))
-        # all rows, not only those in `runs`: a batched product's rounding may depend on where a row sits in the
-        # batch (measured here for this product, not for the one above), and this pass is the cheaper of the two
+        # all rows, not only the iterating ones: this batched product's rounding depends on where a row sits in the
+        # batch (measured here; the inner products' does not), and this pass is the cheaper of the two
         return -h * g + torch.bmm(coef[:, None, :], self.pairs)[:, 0]
 
 
