@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gleak.errors import UnsupportedCase
-from gleak.threat import Knowledge, Observation, Update
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.wire import Knowledge, Observation, Update
 
 # Label strategies shared with attacks/idlg.py, plus "given" (the attacker is told the labels: needs "labels").
 FIXED_LABELS = ("idlg", "bias-sign", "row-sign", "count-aware", "given")
@@ -143,9 +143,9 @@ def restarts_cost(restarts: int, mode: str, case, train_bn: bool = False) -> flo
 
 
 def _case_model(case) -> tuple[int, bool] | None:
-    """(trainable parameters, BatchNorm in train mode) of a case's model (a gleak.config.CaseConfig), or None."""
+    """(trainable parameters, BatchNorm in train mode) of a case's model (a gleak.contracts.config.CaseConfig), or None."""
     try:
-        from gleak.data import load_dataset
+        from gleak.mechanics.data import load_dataset
 
         ds = load_dataset(case.dataset, root=case.data_root, resolution=case.resolution, channels=case.channels,
                           download=case.download)  # fmt: skip  # cached: the suite loaded it to validate
@@ -158,7 +158,7 @@ def _case_model(case) -> tuple[int, bool] | None:
 @functools.lru_cache(maxsize=None)
 def _model_facts(model: str, model_params: str, input_shape: tuple[int, ...], classes: int) -> tuple[int, bool]:
     """(parameters, has BatchNorm) of a model, built on torch's meta device (no arithmetic)."""
-    from gleak.models import create_model
+    from gleak.mechanics.models import create_model
 
     net = create_model(model, input_shape, classes, seed=0, **json.loads(model_params)).to("meta")
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
@@ -267,7 +267,7 @@ def wire_box(
         return None if coarse or not quantization else _quantization_box(d, target)
     free = [t == 0 for t in target]
     if d.defense == "soteria":
-        from gleak.models import last_linear
+        from gleak.mechanics.models import last_linear
 
         found = last_linear(model)
         weight = (f"{found[0]}.weight" if found[0] else "weight") if found is not None else None

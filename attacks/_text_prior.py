@@ -1,9 +1,9 @@
-"""A language-model prior for text attacks: gleak's small causal LM (text-lm, gleak.textmodels) trained on public text.
+"""A language-model prior for text attacks: gleak's small causal LM (text-lm, gleak.mechanics.text.models) trained on public text.
 
 LAMP (Balunovic, Dimitrov, Jovanović and Vechev, NeurIPS 2022) ranks candidate orderings of a reconstructed text by
 their perplexity under an auxiliary language model (GPT-2 trained on WikiText-103, sharing the victim's tokenizer).
 Here the auxiliary model is gleak's text-lm over the victim's vocabulary, trained as `model_state = "trained"`
-trains a case's model (gleak.pretrain.train: SGD with momentum over the whole split), on the attacker's public
+trains a case's model (gleak.mechanics.pretrain.train: SGD with momentum over the whole split), on the attacker's public
 data: the training split, which the victims (held-out texts) are not drawn from. Its weights are a function of the
 public texts and the training settings alone; they are cached in memory and beside the pretrained models on disk.
 """
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from filelock import FileLock
 from torch import Tensor, nn
 
-from gleak.textdata import IGNORE
+from gleak.mechanics.text.data import IGNORE
 
 PRIOR_FORMAT = 1
 _MEMORY: dict[str, tuple[dict[str, Tensor], float]] = {}
@@ -31,10 +31,10 @@ def _key(public_x: Tensor, vocab: int, steps: int, lr: float, dtype: torch.dtype
 
 
 def _train(public_x: Tensor, vocab: int, steps: int, lr: float, dtype: torch.dtype) -> tuple[dict[str, Tensor], float]:
-    from gleak.config import derive_seed
-    from gleak.models import create_model
-    from gleak.pretrain import train
-    from gleak.textdata import TextDataset
+    from gleak.contracts.config import derive_seed
+    from gleak.mechanics.models import create_model
+    from gleak.mechanics.pretrain import train
+    from gleak.mechanics.text.data import TextDataset
 
     seq_len = int(public_x.shape[1])
     y = torch.cat([public_x[:, 1:], torch.full((len(public_x), 1), IGNORE)], 1)  # next-token targets
@@ -48,8 +48,8 @@ def _train(public_x: Tensor, vocab: int, steps: int, lr: float, dtype: torch.dty
 def language_prior(public_x: Tensor, vocab: int, steps: int, lr: float, dtype: torch.dtype) -> tuple[nn.Module, float]:
     """The causal LM trained `steps` SGD steps at `lr` on the public token ids (N, L), in eval mode, and its final
     training loss (mean next-token cross entropy)."""
-    from gleak.models import create_model
-    from gleak.pretrain import cache_dir
+    from gleak.mechanics.models import create_model
+    from gleak.mechanics.pretrain import cache_dir
 
     key = _key(public_x, vocab, steps, lr, dtype)
     if key not in _MEMORY:
@@ -64,7 +64,7 @@ def language_prior(public_x: Tensor, vocab: int, steps: int, lr: float, dtype: t
                 state, loss = _train(public_x, vocab, steps, lr, dtype)
                 buf = io.BytesIO()
                 torch.save({"state": state, "loss": torch.tensor(loss)}, buf)
-                from gleak.files import atomic_write_bytes
+                from gleak.mechanics.atomic_files import atomic_write_bytes
 
                 atomic_write_bytes(path, buf.getvalue())
         _MEMORY[key] = (state, loss)

@@ -59,11 +59,11 @@ from typing import Literal
 
 import torch
 
-from gleak.errors import UnsupportedCase
-from gleak.models import first_linear
-from gleak.plugin import Attack, DefenseAware, check_choice
-from gleak.registry import register_attack
-from gleak.threat import Observation, Reconstruction
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, DefenseAware, check_choice
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Observation, Reconstruction
+from gleak.mechanics.models import first_linear
 
 
 @register_attack("closed-form")
@@ -187,7 +187,7 @@ def noise_variance(described) -> float | None:
     as the defense derives it)."""
     if described is None or described.defense != "noise":
         return None
-    from gleak.registry import create
+    from gleak.contracts.registry import create
 
     defense = create("defense", "noise", **described.defense_params)
     if defense.mode == "dp":
@@ -330,7 +330,7 @@ def _merge(groups: list[torch.Tensor], dw: torch.Tensor, db: torch.Tensor, tol: 
 
 
 def _last_linear_name(model) -> str | None:
-    from gleak.models import last_linear
+    from gleak.mechanics.models import last_linear
 
     found = last_linear(model)
     return found[0] if found else None

@@ -32,11 +32,11 @@ from gleak.attacks._gradmatch import (
     wire_box,
 )
 from gleak.attacks._lbfgs import BatchedLBFGS
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, DefenseAware, check_choice
-from gleak.registry import register_attack
-from gleak.threat import Observation, Reconstruction
-from gleak.progress import report as report_progress
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, DefenseAware, check_choice
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Observation, Reconstruction
+from gleak.mechanics.progress import report as report_progress
 
 DLGLabels = Literal["soft", "idlg", "bias-sign", "row-sign", "count-aware", "given"]
 

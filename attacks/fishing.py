@@ -10,10 +10,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, check_choice
-from gleak.registry import create, register_attack
-from gleak.threat import Knowledge, Observation, Reconstruction
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, check_choice
+from gleak.contracts.registry import create, register_attack
+from gleak.contracts.wire import Knowledge, Observation, Reconstruction
 
 LADDER = 128.0  # feature mode without fire_rate: unit cut-offs from 1/2 of the inputs down to 1 / (2 LADDER)
 COUNT_TOL = 0.25  # a row counts one sample where its read count is within this of 1

@@ -38,11 +38,11 @@ from gleak.attacks._gradmatch import (
 )
 from gleak.attacks.dlg import soft_cross_entropy
 from gleak.attacks.inverting_gradients import total_variation
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, check_choice
-from gleak.registry import register_attack
-from gleak.threat import Observation, Reconstruction
-from gleak.progress import report as report_progress
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, check_choice
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Observation, Reconstruction
+from gleak.mechanics.progress import report as report_progress
 
 GILabels = Literal["yin", "idlg", "bias-sign", "row-sign", "count-aware", "given", "soft", "guess"]
 LABELS = ("yin", *FIXED_LABELS, "soft", "guess")

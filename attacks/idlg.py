@@ -11,11 +11,11 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gleak.errors import UnsupportedCase
-from gleak.models import last_linear
-from gleak.plugin import Attack, check_choice
-from gleak.registry import register_attack
-from gleak.threat import Knowledge, Observation, Reconstruction, Update
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, check_choice
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Knowledge, Observation, Reconstruction, Update
+from gleak.mechanics.models import last_linear
 
 LabelStrategy = Literal["idlg", "bias-sign", "row-sign", "count-aware", "yin"]
 STRATEGIES: tuple[str, ...] = ("idlg", "bias-sign", "row-sign", "count-aware", "yin")

@@ -8,10 +8,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, DefenseAware, check_choice
-from gleak.registry import register_attack
-from gleak.threat import Knowledge, Observation, Reconstruction
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, DefenseAware, check_choice
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Knowledge, Observation, Reconstruction
 
 ENCODER = "imprint.encoder"  # parameter prefix of the imprint layer in the model the server sends
 BELOW_DATA = 10.0  # standard deviations below the centre: the reference's first threshold (-10 on a unit normal)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gleak.attacks._gradmatch import (
+    BATCH_RESTARTS,
     FIXED_LABELS,
     WireBox,
     attack_model,
@@ -26,18 +27,17 @@ from gleak.attacks._gradmatch import (
     cosine_distance,
     fixed_labels,
     observed_gradient,
-    BATCH_RESTARTS,
     param_gradients,
     restarts_cost,
     row_gradients,
     vmap_restarts,
     wire_box,
 )
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, DefenseAware, check_choice
-from gleak.registry import register_attack
-from gleak.threat import Observation, Reconstruction
-from gleak.progress import report as report_progress
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, DefenseAware, check_choice
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Observation, Reconstruction
+from gleak.mechanics.progress import report as report_progress
 
 # (iterations, alpha_TV). "breaching": its TV scale 0.2 is applied to the mean of the two directional terms, which
 # is 0.1 on the sum used here (breaching's config says so), over 24,000 iterations.

@@ -2,7 +2,7 @@
 NeurIPS 2022).
 
 The attacker holds the model, the client's gradient and public text. The dummy text lives in embedding space: one
-free vector per position (B, L, D), fed to the model in place of its token embeddings (gleak.textmodels'
+free vector per position (B, L, D), fed to the model in place of its token embeddings (gleak.mechanics.text.models'
 `forward_embeddings`). Two steps alternate, as in the paper's Algorithm 1 and its authors' code:
 
 - continuous: Adam on the embeddings, minimising the gradient loss plus `coeff_reg` times the embedding-norm
@@ -45,7 +45,7 @@ rate decayed by `lr_decay` 0.89 every 50 steps, regulariser weight 1, swaps ever
 - The classifier's labels are read from the sign of the head's bias gradient (attacks/idlg.py's "bias-sign", exact
   at batch size 1; the authors' code is given the true labels). A language model as victim is not attacked
   (the paper attacks classifiers): not applicable.
-- The victims' texts carry no padding and no special tokens (gleak.textdata), so every position is free (the
+- The victims' texts carry no padding and no special tokens (gleak.mechanics.text.data), so every position is free (the
   authors keep [CLS], [SEP] and known padding fixed).
 """
 from __future__ import annotations
@@ -56,10 +56,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, check_choice
-from gleak.registry import register_attack
-from gleak.threat import Observation, Reconstruction
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, check_choice
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Observation, Reconstruction
 
 TRANSFORMS = ("swap", "move-token", "move-span", "prefix-to-end")
 

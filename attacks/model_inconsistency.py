@@ -10,10 +10,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, check_choice
-from gleak.registry import create, register_attack
-from gleak.threat import Knowledge, Observation, Reconstruction
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, check_choice
+from gleak.contracts.registry import create, register_attack
+from gleak.contracts.wire import Knowledge, Observation, Reconstruction
 
 
 def parametrised_layers(model: nn.Module) -> list[nn.Module]:

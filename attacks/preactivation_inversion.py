@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import torch
 
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Observation, Reconstruction
 from gleak.protocols.cgd_vertical import invert_preactivation_wire
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack
-from gleak.registry import register_attack
-from gleak.threat import Observation, Reconstruction
 
 
 @register_attack("preactivation-inversion")

@@ -29,10 +29,10 @@ from scipy import sparse
 from torch import Tensor, nn
 
 from gleak.attacks._gradmatch import attack_model, observed_gradient
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, check_choice
-from gleak.registry import register_attack
-from gleak.threat import Observation, Reconstruction
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, check_choice
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Observation, Reconstruction
 
 ACTIVATIONS = (nn.LeakyReLU, nn.Sigmoid, nn.Tanh, nn.Identity)
 PARAMETRIC = (nn.Linear, nn.Conv2d)

@@ -24,11 +24,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gleak.errors import UnsupportedCase
-from gleak.models import first_linear
-from gleak.plugin import Attack
-from gleak.registry import register_attack
-from gleak.threat import Observation, Reconstruction
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Observation, Reconstruction
+from gleak.mechanics.models import first_linear
 
 
 @register_attack("subspace-demix")

@@ -2,7 +2,7 @@
 Findings of EMNLP 2021).
 
 The attacker holds the model and the client's gradient. It optimises a dummy text, relaxed: at each position a
-softmax over the vocabulary, whose embedding is the softmax's mix of the embedding rows (gleak.textmodels takes
+softmax over the vocabulary, whose embedding is the softmax's mix of the embedding rows (gleak.mechanics.text.models takes
 such an input), so that the gradient of the model on the dummy can be matched to the observed one by gradient
 descent. TAG's distance is the squared L2 distance plus alpha times the L1 distance, summed over the parameters
 (the L1 term weighs the many small entries the squared distance ignores); the tokens are read at the end by the
@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack, check_choice
-from gleak.registry import register_attack
-from gleak.threat import Observation, Reconstruction
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, check_choice
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Observation, Reconstruction
 
 
 def tag_distance(grads: tuple[Tensor, ...], target: list[Tensor], alpha: float) -> Tensor:

@@ -20,11 +20,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from gleak.errors import UnsupportedCase
-from gleak.plugin import Attack
-from gleak.registry import register_attack
-from gleak.textmodels import PAD_ID
-from gleak.threat import Observation, Reconstruction, Update
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import Observation, Reconstruction, Update
+from gleak.mechanics.text.models import PAD_ID
 
 
 def token_embedding(model: nn.Module, vocab: int) -> str:

@@ -10,11 +10,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from gleak.errors import UnsupportedCase
-from gleak.models import first_linear
-from gleak.plugin import Attack, check_choice
-from gleak.registry import create, register_attack
-from gleak.threat import Knowledge, Observation, Reconstruction
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Attack, check_choice
+from gleak.contracts.registry import create, register_attack
+from gleak.contracts.wire import Knowledge, Observation, Reconstruction
+from gleak.mechanics.models import first_linear
 
 
 def trap_rows(rows: int, inputs: int, sigma: float, scale_factor: float, rng: torch.Generator) -> Tensor:

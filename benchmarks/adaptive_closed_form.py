@@ -12,15 +12,14 @@ PyTorch's default init scales the next layer by 1/sqrt(width), so the bias gradi
 from __future__ import annotations
 
 import statistics
-import time
-
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gleak.config import CaseConfig, TrialConfig  # noqa: E402
-from gleak.trial import execute  # noqa: E402
+from gleak.contracts.config import CaseConfig, TrialConfig  # noqa: E402
+from gleak.orchestration.trial import execute  # noqa: E402
 
 SIGMAS = (1e-2, 3e-2, 1e-1)
 WIDTHS = (64, 256, 1024, 4096)

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 import torch  # noqa: E402
 
-from gleak.config import CaseConfig, TrialConfig  # noqa: E402
-from gleak.trial import execute  # noqa: E402
+from gleak.contracts.config import CaseConfig, TrialConfig  # noqa: E402
+from gleak.orchestration.trial import execute  # noqa: E402
 
 
 def main() -> None:

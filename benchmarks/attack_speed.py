@@ -12,7 +12,7 @@ Prints, measured in this run:
    and the fastest counts (the machine is shared: the minimum is the least disturbed measurement).
 2. Restarts of inverting-gradients as one torch.func.vmap computation against the same restarts one after another
    (batch_restarts = "vmap" vs "loop"), and which one batch_restarts = "auto" picks.
-3. Restarts as one computation against the same restarts one after another, whole trials (gleak.trial.execute,
+3. Restarts as one computation against the same restarts one after another, whole trials (gleak.orchestration.trial.execute,
    the geiping-table1 case: untrained LeNet, 32x32 real images, batch size 1, eval mode), seeds 0..--seeds-1:
    - dlg, 16 restarts x --dlg-iterations L-BFGS steps, default stop_below: CPU time of all seeds batched against
      sequential (target >= 4x), how many seeds each recovers (PSNR >= 40 dB) and their median PSNR;
@@ -30,7 +30,7 @@ Prints, measured in this run:
    Peak memory does not grow with iterations (each iteration frees its graph), so a few iterations measure it.
 Clock: CPU time of this process when --threads is 1 (stable under other load), wall time otherwise; on a GPU
 (--device cuda), wall time after torch.cuda.synchronize (the kernels are asynchronous). The model, the batch and the
-attacks run on --device (gleak.device.use; default cpu).
+attacks run on --device (gleak.mechanics.device.use; default cpu).
 """
 from __future__ import annotations
 
@@ -51,12 +51,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gleak  # noqa: E402
-from gleak import device as devices  # noqa: E402
-from gleak.config import derive_seed  # noqa: E402
-from gleak.data import load_dataset  # noqa: E402
-from gleak.models import create_model  # noqa: E402
-from gleak.protocol import fedsgd_update  # noqa: E402
-from gleak.threat import ClientBatch, Knowledge, Observation  # noqa: E402
+from gleak.contracts.config import derive_seed  # noqa: E402
+from gleak.contracts.wire import ClientBatch, Knowledge, Observation  # noqa: E402
+from gleak.mechanics import device as devices  # noqa: E402
+from gleak.mechanics.data import load_dataset  # noqa: E402
+from gleak.mechanics.models import create_model  # noqa: E402
+from gleak.mechanics.protocol import fedsgd_update  # noqa: E402
 
 TARGET_RATIO = 1.15
 RSS_TARGET_GIB = 4.0
@@ -68,7 +68,7 @@ def observation(model_name: str, batch_size: int, mode: str = "eval") -> tuple[O
     batch = ClientBatch(ds.normalized(idx), ds.y[idx], ds.mean, ds.std)
     model = create_model(model_name, ds.input_shape, ds.num_classes, seed=derive_seed(0, "model"))
     model.train(mode == "train")
-    model = devices.to_device(model)  # the device of the run (main's gleak.device.use)
+    model = devices.to_device(model)  # the device of the run (main's gleak.mechanics.device.use)
     batch = ClientBatch(devices.to_device(batch.x), devices.to_device(batch.y), batch.mean, batch.std)
     k = Knowledge(ds.input_shape, ds.num_classes, batch_size=batch_size, mean=ds.mean, std=ds.std)
     return Observation(fedsgd_update(model, batch), k, copy.deepcopy(model)), batch
@@ -270,8 +270,8 @@ EXACT_PSNR = 40.0
 
 
 def _trial(attack: str, params: dict, seed: int, now, case: dict = LENET_CASE) -> tuple[float, dict]:
-    from gleak.config import CaseConfig, TrialConfig
-    from gleak.trial import execute
+    from gleak.contracts.config import CaseConfig, TrialConfig
+    from gleak.orchestration.trial import execute
 
     t0 = now()
     s = execute(TrialConfig("bench", attack, params, "none", {}, CaseConfig(**case), seed))
@@ -380,8 +380,8 @@ RSS_CHILD = """
 import json, resource, sys, time, torch
 sys.path.insert(0, {root!r})
 torch.set_num_threads({threads})
-from gleak.config import CaseConfig, TrialConfig
-from gleak.trial import execute
+from gleak.contracts.config import CaseConfig, TrialConfig
+from gleak.orchestration.trial import execute
 case = CaseConfig(dataset="skimage", model="resnet18", batch_size=8, model_mode="eval")
 cfg = TrialConfig("bench", "inverting-gradients", {{"preset": "code", "iterations": {its}, "labels": "given"}}, "none", {{}}, case, 0)
 t0 = time.perf_counter()
@@ -413,7 +413,7 @@ def main() -> int:
     p.add_argument("--gi-iterations", type=int, default=100)
     p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:N (default cpu)")
     args = p.parse_args()
-    from gleak.errors import InputError
+    from gleak.contracts.errors import InputError
 
     try:
         args.device = devices.resolve(args.device)

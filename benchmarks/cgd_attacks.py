@@ -23,9 +23,9 @@ _DATA: dict = {}
 
 def honest_labels(case: dict, seed: int, honest: int) -> list[int]:
     """The labels of the first `honest` clients' samples of the trial with this case and seed: the trial's own draw
-    (gleak.trial.draw_batches), recomputed from the stored case (the data sets are loaded once)."""
-    from gleak.config import CaseConfig, TrialConfig
-    from gleak.trial import DTYPES, draw_batches, load_case_data
+    (gleak.orchestration.trial.draw_batches), recomputed from the stored case (the data sets are loaded once)."""
+    from gleak.contracts.config import CaseConfig, TrialConfig
+    from gleak.orchestration.trial import DTYPES, draw_batches, load_case_data
 
     cfg = TrialConfig("cgd-attacks", "closed-form", {}, "cgd", {}, CaseConfig.from_dict(case), seed)
     key = (cfg.case.dataset, cfg.case.resolution, cfg.case.channels)

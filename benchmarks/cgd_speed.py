@@ -9,7 +9,7 @@ the secure sums (first layer within feature groups, the rest across all) and eve
 = the same full-batch gradient step on all the data with one model, twice: gleak's engine with one participant, and
 plain torch (nn.Sequential + autograd + SGD) as the floor that engine must not lose to. Medians over --repeat
 iterations after one warm-up. The ratio CGD / centralized is the cost of confinement. Both run with the heap
-setting the engine makes (gleak.heap.retain_freed_memory: freed tensor memory is reused, not returned and
+setting the engine makes (gleak.mechanics.allocator.retain_freed_memory: freed tensor memory is reused, not returned and
 re-faulted), set here before the first measurement so that the floor runs under it too.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gleak.data import load_dataset  # noqa: E402
+from gleak.mechanics.allocator import retain_freed_memory  # noqa: E402
+from gleak.mechanics.data import load_dataset  # noqa: E402
 from gleak.protocols.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout  # noqa: E402
-from gleak.heap import retain_freed_memory  # noqa: E402
 
 
 def timed(step, repeat: int) -> float:

@@ -6,7 +6,7 @@ MNIST numbers (a different data set: compare the shape, not the values). Nothing
     python benchmarks/cgd_tables.py --out results/cgd --no-write
 
 The rows are the cgd and local-training runs of the folder's utility table: from its results.sqlite when there is
-one (gleak.utility.utility_frame), else from its published utility.csv (the same rows), so a fresh clone can print
+one (gleak.orchestration.utility.utility_frame), else from its published utility.csv (the same rows), so a fresh clone can print
 the published tables. Accuracy is the worst evaluated confined model (as the paper reports) and, beside it, the mean
 over the evaluated models; a row repeated over seeds (utility_seed) shows the mean over seeds and the range.
 "centralized" is each run's own baseline_accuracy: full-batch gradient descent on the same training samples with
@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gleak.store import Store  # noqa: E402
-from gleak.utility import utility_config, utility_frame  # noqa: E402
+from gleak.orchestration.store import Store  # noqa: E402
+from gleak.orchestration.utility import utility_config, utility_frame  # noqa: E402
 
 # Seed 000 (MNIST, FC ReLU 256 + softmax): Table 3 (vertical, delta 0.1), Table 8 (horizontal, delta 0.1), Table 7.
 PAPER = {

@@ -5,7 +5,7 @@
 DGP (seed 001) drops, per layer, the top k1 and the bottom k2 of |g_t + e_t|; with error feedback as the paper and its
 released code do it (e_{t+1} = p_t - DGP(p_t), "residual"), the dropped top entries go back into the residual, so a
 large entry only grows and may never be sent. This script trains the [utility] setting of suites/defense-costs.toml
-(MLP, Fashion-MNIST, FedSGD, 10 clients, batch 32, lr 0.1; gleak.utility.federated_training, unchanged) with every
+(MLP, Fashion-MNIST, FedSGD, 10 clients, batch 32, lr 0.1; gleak.orchestration.utility.federated_training, unchanged) with every
 client's DGP instrumented, and prints per run:
 - the residual's norm (root of the sum over layers of squares, mean over the 10 clients) at a few rounds, next to the
   norm of the gradient the client computed in that round;
@@ -28,11 +28,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from gleak.config import UtilityConfig  # noqa: E402
+from gleak.contracts.config import UtilityConfig  # noqa: E402
+from gleak.contracts.registry import register_defense  # noqa: E402
+from gleak.contracts.wire import Update  # noqa: E402
 from gleak.defenses.dgp import DGP, dgp_counts  # noqa: E402
-from gleak.registry import register_defense  # noqa: E402
-from gleak.threat import Update  # noqa: E402
-from gleak.utility import federated_training, load_utility_data  # noqa: E402
+from gleak.orchestration.utility import federated_training, load_utility_data  # noqa: E402
 
 PROBES: list["DGPProbe"] = []
 MARKS = (1, 10, 100, 300, 1000)

@@ -8,11 +8,18 @@ Prints whether the forward outputs and parameter gradients of 4 LeNets (32 px, b
 the largest differences. Measured (torch 2.14.1, CPU, float32): not bit-identical, forward 3.8e-06, gradient
 7.5e-07, so seed batching was not built.
 """
-import sys, torch, copy, torch.nn.functional as F
+import copy
+import sys
+
+import torch
+import torch.nn.functional as F
+
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 torch.set_num_threads(1)
-from torch.func import stack_module_state, functional_call, vmap, grad
-from gleak.models import create_model
+from torch.func import functional_call, grad, stack_module_state, vmap
+
+from gleak.mechanics.models import create_model
+
 models = [create_model("lenet", (3, 32, 32), 10, seed=s) for s in range(4)]
 params, buffers = stack_module_state(models)
 base = copy.deepcopy(models[0]).to("meta")

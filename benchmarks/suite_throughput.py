@@ -5,7 +5,7 @@ next to the median trial.
     python benchmarks/suite_throughput.py                      # suites/quick.toml and benchmarks/cpu-bound.toml
     python benchmarks/suite_throughput.py --suite my.toml      # any suites (repeatable)
 
-Every configuration runs the whole suite into a fresh output folder through `gleak.runner.run_suite`, exactly as
+Every configuration runs the whole suite into a fresh output folder through `gleak.orchestration.runner.run_suite`, exactly as
 `gleak run` does (store writes and reports included), with one torch thread per trial. Definitions:
 
 - trials/min: trials / wall time of run_suite x 60: everything a user waits for, start-up of workers included.
@@ -45,12 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's gleak, also for the local Ray cluster's workers
 os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
 
-from gleak import ray_executor, runner  # noqa: E402
-from gleak.runner import run_suite  # noqa: E402
-from gleak.suite import load_suite  # noqa: E402
-from gleak.trial import run_trial  # noqa: E402
-from gleak.workers import prestart  # noqa: E402
-
+from gleak.orchestration import ray_executor, runner  # noqa: E402
+from gleak.orchestration.runner import run_suite  # noqa: E402
+from gleak.orchestration.suite import load_suite  # noqa: E402
+from gleak.orchestration.trial import run_trial  # noqa: E402
+from gleak.orchestration.workers import prestart  # noqa: E402
 
 METRICS = "status, error, mse, psnr, ssim, lpips, label_acc, cosine, grad_dist, matched, verdict, extra"
 

@@ -12,7 +12,7 @@ from typing import Callable
 
 from torch import Tensor
 
-from gleak.threat import Update
+from gleak.contracts.wire import Update
 
 
 class ErrorFeedback:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gleak.contracts.plugin import Defense
+from gleak.contracts.registry import register_defense
+from gleak.contracts.wire import Update
 from gleak.defenses._error_feedback import ErrorFeedback
-from gleak.plugin import Defense
-from gleak.registry import register_defense
-from gleak.threat import Update
 
 
 def dgp_counts(n: int, k1: float, k2: float) -> tuple[int, int]:

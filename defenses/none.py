@@ -1,8 +1,8 @@
 """The undefended baseline."""
 from __future__ import annotations
 
-from gleak.plugin import Defense
-from gleak.registry import register_defense
+from gleak.contracts.plugin import Defense
+from gleak.contracts.registry import register_defense
 
 
 @register_defense("none")

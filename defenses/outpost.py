@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-
 import torch
 from torch import Tensor, nn
 
-from gleak.plugin import Defense, check_choice
-from gleak.protocol import batch_gradient, trainable
-from gleak.registry import register_defense
+from gleak.contracts.plugin import Defense, check_choice
+from gleak.contracts.registry import register_defense
+from gleak.mechanics.protocol import batch_gradient, trainable
 
 
 def perturb_probability(iteration: int, beta: float) -> float:

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gleak.models import last_linear
-from gleak.plugin import Defense
-from gleak.protocol import loss_fn, trainable
-from gleak.registry import register_defense
+from gleak.contracts.plugin import Defense
+from gleak.contracts.registry import register_defense
+from gleak.mechanics.models import last_linear
+from gleak.mechanics.protocol import loss_fn, trainable
 
 
 def _uniform_init(layer: nn.Linear, rng: torch.Generator) -> None:
@@ -92,8 +92,8 @@ class Precode(Defense):
     bottleneck here always sits on the classifier's (flat) input. The bottleneck's weights are drawn from the
     trial's generator with torch's default Linear law (a trained case: from the case's train_seed). A model trained
     before the trial (case model_state = "trained") is trained with the bottleneck, as the paper trains its models:
-    gleak.pretrain wraps the case's model first and takes this defense's client gradient (cross entropy plus
-    beta KL) at every step; those trials' ids carry "pretrained": "with-defense" (gleak.config).
+    gleak.mechanics.pretrain wraps the case's model first and takes this defense's client gradient (cross entropy plus
+    beta KL) at every step; those trials' ids carry "pretrained": "with-defense" (gleak.contracts.config).
     """
 
     def __init__(self, latent: int = 256, beta: float = 1e-3):

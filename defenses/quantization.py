@@ -6,9 +6,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gleak.plugin import Defense, check_choice
-from gleak.registry import register_defense
-from gleak.threat import Update
+from gleak.contracts.plugin import Defense, check_choice
+from gleak.contracts.registry import register_defense
+from gleak.contracts.wire import Update
 
 
 def to_bf16(a: Tensor) -> Tensor:

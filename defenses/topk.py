@@ -6,10 +6,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from gleak.contracts.plugin import Defense, check_choice
+from gleak.contracts.registry import register_defense
+from gleak.contracts.wire import Update
 from gleak.defenses._error_feedback import ErrorFeedback
-from gleak.plugin import Defense, check_choice
-from gleak.registry import register_defense
-from gleak.threat import Update
 
 
 def keep_largest(a: Tensor, ratio: float) -> Tensor:

@@ -7,9 +7,9 @@ The public API in one place (gleak.api; README "Python")::
     atk = gleak.create("attack", "closed-form")    # a configured plugin instance
     r = gleak.run_trial(attack="closed-form", defense={"name": "topk", "ratio": 0.9}, batch_size=4)
     r.metrics["psnr"], r.truth, r.reconstruction   # a TrialResult; r.plot() draws truth above reconstruction
-    gleak.run_trial(config)                        # or a gleak.config.TrialConfig
+    gleak.run_trial(config)                        # or a gleak.contracts.config.TrialConfig
     s = gleak.run("quick", out="/tmp/q")           # a suite, as `gleak run` (a RunResult: counts, out, rows)
-    gleak.run_trial(attack="dlg", device="auto")   # device: auto, cpu, cuda[:N] (gleak.device; not in the trial id)
+    gleak.run_trial(attack="dlg", device="auto")   # device: auto, cpu, cuda[:N] (gleak.mechanics.device; not in the trial id)
     df = gleak.results("results/quick")            # an output folder as a DataFrame, one column per parameter
     gleak.list_datasets()                          # data sets; gleak.register_dataset adds one
 """
@@ -26,13 +26,26 @@ _root = _Path(__file__).resolve().parent.parent
 if not (_Path(__file__).resolve().parent / "attacks").exists() and (_root / "attacks" / "__init__.py").exists():
     __path__.append(str(_root))  # type: ignore[name-defined]  # noqa: F821
 
-from gleak.errors import GleakError, InputError, UnknownPluginError, UnsupportedCase  # noqa: E402
-from gleak.registry import (  # noqa: E402
-    create, list_plugins, register_attack, register_defense, register_model, register_protocol,
+from gleak.contracts import compat as _compat  # noqa: E402
+
+_compat.install()  # old module paths and the checkout's plugin folders: one module per file
+
+from gleak.contracts.errors import GleakError, InputError, UnknownPluginError, UnsupportedCase  # noqa: E402
+from gleak.contracts.registry import (  # noqa: E402
+    create,
+    list_plugins,
+    register_attack,
+    register_defense,
+    register_model,
+    register_protocol,
 )  # fmt: skip
 
 _API = ("run_trial", "run", "results", "trial_config", "TrialResult", "RunResult", "TrialFailed")
 _DATA = ("register_dataset", "list_datasets")
+# What a plugin author writes against, wherever it lives inside gleak: the base classes and the wire's types.
+_PLUGIN_API = {"Attack": "gleak.contracts.plugin", "Defense": "gleak.contracts.plugin",
+               "Protocol": "gleak.mechanics.protocol", "Update": "gleak.contracts.wire",
+               "Observation": "gleak.contracts.wire", "Reconstruction": "gleak.contracts.wire"}  # fmt: skip
 
 
 def __getattr__(name: str):  # the API imports pandas and the data module torch: only when asked (the CLI starts fast)
@@ -41,9 +54,13 @@ def __getattr__(name: str):  # the API imports pandas and the data module torch:
 
         return getattr(api, name)
     if name in _DATA:
-        from gleak import data
+        from gleak.mechanics import data
 
         return getattr(data, name)
+    if name in _PLUGIN_API:
+        import importlib
+
+        return getattr(importlib.import_module(_PLUGIN_API[name]), name)
     raise AttributeError(f"module 'gleak' has no attribute {name!r}")
 
 
@@ -55,6 +72,7 @@ __all__ = [
     "create",
     *_API,
     *_DATA,
+    *_PLUGIN_API,
     "list_plugins",
     "register_attack",
     "register_defense",

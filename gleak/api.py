@@ -10,8 +10,8 @@
     df = gleak.results("results/quick")             # any output folder; one column per plugin parameter
 
 Nothing here is a second trial path: `run_trial` expands its arguments with the suite's own expansion (defaults
-filled the same way, so the trial id is the one a suite run of the same trial gets) and runs gleak.trial.run_trial;
-`run` is gleak.runner.run_suite.
+filled the same way, so the trial id is the one a suite run of the same trial gets) and runs gleak.orchestration.trial.run_trial;
+`run` is gleak.orchestration.runner.run_suite.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from typing import Any
 import pandas as pd
 from torch import Tensor
 
-from gleak.config import TrialConfig
-from gleak.errors import GleakError, InputError, UnsupportedCase
-from gleak.store import NOT_APPLICABLE
+from gleak.contracts.config import TrialConfig
+from gleak.contracts.errors import GleakError, InputError, UnsupportedCase
+from gleak.orchestration.store import NOT_APPLICABLE
 
 API_SUITE = "python"  # the suite name of trials run by run_trial (not part of the trial id)
 
@@ -74,7 +74,7 @@ class TrialResult:
         """A matplotlib Figure: the true batch above, the reconstruction below, paired as the metrics pair them."""
         from matplotlib.figure import Figure
 
-        from gleak.metrics import match, psnr
+        from gleak.mechanics.metrics import match, psnr
 
         if self.truth is None:
             raise InputError(f"trial {self.trial_id} has no images to plot (status {self.status}: {self.error})")
@@ -143,12 +143,12 @@ def _folder_arg(value: Any, name: str) -> Path:
 
 
 def _lpips_arg(value: Any, name: str) -> str | None:
-    """None, or the path of an AlexNet weights file that torch can read (gleak.metrics.check_lpips_weights)."""
+    """None, or the path of an AlexNet weights file that torch can read (gleak.mechanics.metrics.check_lpips_weights)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, Path)):
         raise InputError(f"{name} must be the path of an AlexNet weights file, got {value!r}")
-    from gleak.metrics import check_lpips_weights
+    from gleak.mechanics.metrics import check_lpips_weights
 
     check_lpips_weights(str(value), name)
     return str(value)
@@ -163,7 +163,7 @@ def _flag(value: Any, name: str) -> bool:
 def _with_protocol(spec: dict[str, Any], protocol: Any) -> dict[str, Any]:
     """The one place that passes `protocol=` to the suite's expansion: the case's `protocol` and `protocol_params`.
     A protocol with the `none` transform that is also registered as a defense is then spelt as the shipped suites
-    spell it by the expansion itself (gleak.suite.one_spelling), so that its trials share their ids."""
+    spell it by the expansion itself (gleak.orchestration.suite.one_spelling), so that its trials share their ids."""
     if protocol is None:
         return spec
     table = _table(protocol, "protocol")
@@ -177,7 +177,7 @@ def _with_protocol(spec: dict[str, Any], protocol: Any) -> dict[str, Any]:
 def trial_config(attack: Any, defense: Any = "none", protocol: Any = None, seed: int = 0, **case: Any) -> TrialConfig:
     """The TrialConfig a suite with this one [case], [[attack]] and [[defense]] expands to (defaults filled, values
     validated, the data set checked), so that its trial_id is the suite's. Raises InputError on bad input."""
-    from gleak import suite as _suite
+    from gleak.orchestration import suite as _suite
 
     _whole(seed, "gleak.run_trial: seed", 0, MAX_SEED)  # as a suite's seeds: [0, 2**63)
     spec = _with_protocol({"case": case, "attack": [_table(attack, "attack")], "defense": [_table(defense, "defense")]},
@@ -207,7 +207,7 @@ def run_trial(
     Either a TrialConfig, or attack / defense (a registered name, or a dict {"name": ..., parameter: value}),
     protocol (None: the default FedSGD round), seed and the [case] keys (dataset, model, batch_size, ...).
     threads: torch threads during the trial (1, the default of `gleak run`, gives the suite's bit-identical
-    numbers; None leaves torch's setting). device: auto, cpu, cuda or cuda:N (gleak.device; not part of the trial
+    numbers; None leaves torch's setting). device: auto, cpu, cuda or cuda:N (gleak.mechanics.device; not part of the trial
     id, recorded in result.extra["device"]). check: raise TrialFailed when the trial fails (UnsupportedCase when it is
     not applicable: status "not-applicable"), else return the result with its row.
 
@@ -217,12 +217,12 @@ def run_trial(
     is not registered. After the trial: TrialFailed or UnsupportedCase (with check=True)."""
     import torch
 
-    from gleak.device import resolve
-    from gleak.trial import run_trial as _run_trial
+    from gleak.mechanics.device import resolve
+    from gleak.orchestration.trial import run_trial as _run_trial
 
     if config is not None and not isinstance(config, TrialConfig):
         hint = f" (to run the attack {config!r}: run_trial(attack={config!r}))" if isinstance(config, str) else ""
-        raise InputError(f"gleak.run_trial: config must be a gleak.config.TrialConfig, got {type(config).__name__} "
+        raise InputError(f"gleak.run_trial: config must be a gleak.contracts.config.TrialConfig, got {type(config).__name__} "
                          f"{str(config)[:40]!r}{hint}")  # fmt: skip
     if threads is not None:
         _whole(threads, "gleak.run_trial: threads", 1)
@@ -280,7 +280,7 @@ class RunResult:
     @property
     def utility(self) -> pd.DataFrame | None:
         """utility.csv as a DataFrame, where the suite has a [utility] table."""
-        from gleak.documents.tables import unquoted
+        from gleak.reporting.documents.tables import unquoted
 
         path = self.out / "utility.csv"
         return unquoted(pd.read_csv(path)) if path.is_file() else None
@@ -303,7 +303,7 @@ def run(
     device: str | None = None,
 ) -> RunResult:
     """Run a suite as `gleak run` does (validated first, stored trials skipped, reports written) and return a
-    RunResult. suite: a path, a shipped suite's name (default quick) or a gleak.suite.Suite; out: the output folder
+    RunResult. suite: a path, a shipped suite's name (default quick) or a gleak.orchestration.suite.Suite; out: the output folder
     (default results/<suite name>/, as on the command line); workers: local processes, or 'auto'; device: as
     `gleak run --device` (None: the suite's [suite] device, else cpu).
 
@@ -311,10 +311,10 @@ def run(
     argument (threads or workers not a whole number >= 1, an unknown executor, an lpips_weights file that is missing
     or not a weights file, an out that is not a path, plugins not a list of files) and for a bad suite, plugin or
     output folder, as `gleak run` exits 2 for them."""
-    from gleak.registry import load_plugin_file
-    from gleak.runner import EXECUTORS, run_suite
-    from gleak.suite import Suite, find_suite, load_suite
-    from gleak.workers import usable_cores
+    from gleak.contracts.registry import load_plugin_file
+    from gleak.orchestration.runner import EXECUTORS, run_suite
+    from gleak.orchestration.suite import Suite, find_suite, load_suite
+    from gleak.orchestration.workers import usable_cores
 
     _whole(threads, "gleak.run: threads", 1)
     if executor not in EXECUTORS:
@@ -325,10 +325,10 @@ def run(
     if out is not None:
         out = _folder_arg(out, "gleak.run: out")
     if not (suite is None or isinstance(suite, (str, Path, Suite))):
-        raise InputError(f"gleak.run: suite must be a suite file, a shipped suite's name or a gleak.suite.Suite, got {suite!r}")
+        raise InputError(f"gleak.run: suite must be a suite file, a shipped suite's name or a gleak.orchestration.suite.Suite, got {suite!r}")
     lpips_weights = _lpips_arg(lpips_weights, "gleak.run: lpips_weights")
     if device is not None:  # named as the Python argument, not as the command line's --device
-        from gleak.device import resolve
+        from gleak.mechanics.device import resolve
 
         device = resolve(device, "gleak.run: device")
     for f in plugins:
@@ -339,7 +339,7 @@ def run(
         workers = max(1, usable_cores() // threads)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError(f"gleak.run: workers must be a number >= 1 or 'auto', got {workers!r}")
-    from gleak.report import write_folder_reports as write_reports
+    from gleak.reporting.report import write_folder_reports as write_reports
 
     # The reports as `gleak run` writes them: once the run has stored everything, before it releases the folder.
     summary = run_suite(s, out, workers=workers, progress=progress, lpips_weights=lpips_weights, threads=threads,
@@ -390,9 +390,9 @@ def results(folder: str | Path, *, flatten: bool = True) -> pd.DataFrame:
 
     Raises gleak.InputError (one line naming the folder or the file) when `folder` is not a path, holds no results,
     or its store or results.csv is damaged or not gleak's (nothing in the folder is changed)."""
-    from gleak.report import results_frame
-    from gleak.store import CSV_COLUMNS, Store
-    from gleak.stored import check_committed
+    from gleak.orchestration.store import CSV_COLUMNS, Store
+    from gleak.orchestration.stored_values import check_committed
+    from gleak.reporting.report import results_frame
 
     folder = _folder_arg(folder, "gleak.results: folder")
     _flag(flatten, "gleak.results: flatten")
@@ -408,7 +408,7 @@ def results(folder: str | Path, *, flatten: bool = True) -> pd.DataFrame:
         for c in _TEXT_COLUMNS:  # empty text cells as None, as the store gives them
             if c in df.columns:
                 df[c] = df[c].astype(object).where(df[c].notna(), None)
-        from gleak.documents.tables import unquoted
+        from gleak.reporting.documents.tables import unquoted
 
         df = unquoted(df)  # a text cell that was quoted for spreadsheets (=, +, -, @ first) as it was stored
     else:
@@ -419,7 +419,7 @@ def results(folder: str | Path, *, flatten: bool = True) -> pd.DataFrame:
 # -- comparing two output folders ---------------------------------------------------------------------------------
 def _labels(df: pd.DataFrame, kind: str) -> list[str]:
     """'name' or 'name (k=v, ...)' with the parameters that differ between the configurations of that name."""
-    from gleak.report import varying_keys
+    from gleak.reporting.report import varying_keys
 
     vary = varying_keys(df, kind)
     out = []
@@ -439,7 +439,7 @@ def compare(a: str | Path, b: str | Path) -> pd.DataFrame:
 
     import numpy as np
 
-    from gleak.report import CASE_KEYS, aggregate
+    from gleak.reporting.report import CASE_KEYS, aggregate
 
     frames = {"a": results(a, flatten=False), "b": results(b, flatten=False)}
     keys = CASE_KEYS + ["variant", "defense", "defense_params", "attack", "attack_params"]

@@ -24,17 +24,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gleak.errors import InputError
-from gleak.escaping import strip_controls
+from gleak.contracts.errors import InputError
+from gleak.contracts.escaping import strip_controls
 
 if TYPE_CHECKING:
-    from gleak.runner import RunSummary
+    from gleak.orchestration.runner import RunSummary
 
 EXIT_OK, EXIT_FAILED_TRIALS, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _load_plugins(files: list[str] | None) -> None:
-    from gleak.registry import load_plugin_file
+    from gleak.contracts.registry import load_plugin_file
 
     for f in files or []:
         load_plugin_file(f)
@@ -42,14 +42,14 @@ def _load_plugins(files: list[str] | None) -> None:
 
 def _parallelism(args: argparse.Namespace) -> int | None:
     """--workers as a number (None: Ray's default, every CPU of the cluster); bad values are InputError."""
-    from gleak.workers import usable_cores
+    from gleak.orchestration.workers import usable_cores
 
     if args.threads < 1:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
     if args.address and args.executor != "ray":
         raise InputError("--address names a Ray cluster: use it with --executor ray")
     if args.executor == "ray":
-        from gleak.ray_executor import check_address, ray_available
+        from gleak.orchestration.ray_executor import check_address, ray_available
 
         if not ray_available():
             raise InputError("--executor ray needs Ray: pip install 'gleak[ray]'")
@@ -75,16 +75,16 @@ def _parallelism(args: argparse.Namespace) -> int | None:
 def cmd_run(args: argparse.Namespace) -> int:
     workers = _parallelism(args)  # before any import of torch: a mistyped option is one line at once
     _check_lpips(args.lpips_backbone)
-    from gleak.report import write_folder_reports as write_reports
-    from gleak.runner import run_suite
-    from gleak.suite import find_suite, load_suite
+    from gleak.orchestration.runner import run_suite
+    from gleak.orchestration.suite import find_suite, load_suite
+    from gleak.reporting.report import write_folder_reports as write_reports
 
     if args.device is not None:  # before anything starts: a device that is not here is one line
-        from gleak.device import resolve
+        from gleak.mechanics.device import resolve
 
         resolve(args.device)
     if args.executor == "local" and not args.in_process:
-        from gleak.workers import prestart
+        from gleak.orchestration.workers import prestart
 
         prestart()  # the workers' fork server imports torch while the suite is validated
     _load_plugins(args.plugin)
@@ -134,7 +134,7 @@ def _check_lpips(flag: str | None) -> None:
     missing or wrong file is bad input (exit 2 before anything runs), not a failure of every trial."""
     import os
 
-    from gleak.metrics import LPIPS_ENV, check_lpips_weights
+    from gleak.mechanics.metrics import LPIPS_ENV, check_lpips_weights
 
     if flag:
         check_lpips_weights(flag, "--lpips-backbone")
@@ -147,10 +147,9 @@ def _check_lpips(flag: str | None) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from gleak import folder as owned
-    from gleak.report import write_figures
-
-    from gleak.store import check_store, holding_lock
+    from gleak.orchestration import output_folder as owned
+    from gleak.orchestration.store import check_store, holding_lock
+    from gleak.reporting.report import write_figures
 
     owned.claim_results(args.dir, check_store)  # read-only first: a folder gleak may not write gets no lock file
     with holding_lock(args.dir):  # never while a run writes the folder
@@ -165,13 +164,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    from gleak.report import write_folder_reports as write_reports
+    from gleak.reporting.report import write_folder_reports as write_reports
 
     if not args.claims:
         paths = write_reports(args.dir)  # under the folder's lock: refused while a run writes the folder
     else:
-        from gleak.folder import claim_results
-        from gleak.store import check_store, holding_lock
+        from gleak.orchestration.output_folder import claim_results
+        from gleak.orchestration.store import check_store, holding_lock
 
         claim_results(args.dir, check_store)  # gleak's folder with readable results, before anything in it changes
         with holding_lock(args.dir):
@@ -184,9 +183,9 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 def _take_claims(folder: Path, suite_file: str) -> None:
     """--claims SUITE: judge the folder's trials against the (edited) claims of its own suite file."""
-    from gleak.claims import replace_claims
-    from gleak.report import folder_suite_name
-    from gleak.suite import load_suite
+    from gleak.orchestration.suite import load_suite
+    from gleak.reporting.claims import replace_claims
+    from gleak.reporting.report import folder_suite_name
 
     suite = load_suite(suite_file)
     have = folder_suite_name(folder)
@@ -196,10 +195,10 @@ def _take_claims(folder: Path, suite_file: str) -> None:
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
-    from gleak.folder import claim_results
-    from gleak.report import write_folder_reports as write_reports
-    from gleak.store import check_store
-    from gleak.reconstructions import coverage_text, parse_metrics, rescore_counts
+    from gleak.orchestration.output_folder import claim_results
+    from gleak.orchestration.reconstructions import coverage_text, parse_metrics, rescore_counts
+    from gleak.orchestration.store import check_store
+    from gleak.reporting.report import write_folder_reports as write_reports
 
     _check_lpips(args.lpips_backbone)
     metrics = parse_metrics(args.metrics)
@@ -216,13 +215,13 @@ def cmd_rescore(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from gleak import registry
+    from gleak.contracts import registry
 
     what = args.what
     if what in ("attacks", "defenses", "protocols", "models", "attack", "defense", "protocol", "model"):
         import fnmatch
 
-        from gleak.catalogue import builtin_summaries
+        from gleak.contracts.catalogue import builtin_summaries
 
         kind = what.rstrip("s")
         table = builtin_summaries(kind)  # from the source: no torch import (None: entry points, ask the registry)
@@ -233,7 +232,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         for n in names:
             print(strip_controls(f"{n:<{width}}  {table[n]}"))  # a plugin's summary is its text: no escape sequences
     elif what == "datasets":
-        from gleak.data import list_datasets
+        from gleak.mechanics.data import list_datasets
 
         for n, s in list_datasets():
             print(strip_controls(f"{n:<14} {s}"))
@@ -254,8 +253,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_check_plugin(args: argparse.Namespace) -> int:
-    from gleak import registry
-    from gleak.workers import check_plugin_isolated
+    from gleak.contracts import registry
+    from gleak.orchestration.workers import check_plugin_isolated
 
     target = args.target
     args.plugin_file = None
@@ -276,7 +275,7 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
         if not pairs:
             import difflib
 
-            from gleak.errors import UnknownPluginError
+            from gleak.contracts.errors import UnknownPluginError
 
             known = [n for k in kinds for n in registry.list_plugins(k)]
             close = difflib.get_close_matches(target, known, n=3, cutoff=0.5)
@@ -298,7 +297,7 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
 def _plugin_for_show(kind: str, name: str):
     """(kind the plugin was found under, its PluginInfo). Until Protocol plugins exist a protocol is a
     defense (secure-aggregation, cgd): `show protocol NAME` then looks among the defenses."""
-    from gleak import registry
+    from gleak.contracts import registry
 
     try:
         return kind, registry.plugin_info(kind, name)
@@ -312,14 +311,14 @@ def show_text(kind: str, name: str) -> str:
     """What `gleak show KIND NAME` prints: the parameters (type or choices, default), needs, flags, the docstring."""
     import inspect
 
-    from gleak import registry
+    from gleak.contracts import registry
 
     found, info = _plugin_for_show(kind, name)
     obj = info.obj
     module = getattr(obj, "__module__", "?")
     where = f"{module}.{getattr(obj, '__qualname__', '?')}"
     source = info.source
-    if module.startswith("gleak_plugin_"):  # loaded from a file (gleak.registry.load_plugin_file): say which
+    if module.startswith("gleak_plugin_"):  # loaded from a file (gleak.contracts.registry.load_plugin_file): say which
         source, where = "plugin file", f"{getattr(sys.modules.get(module), '__file__', '?')}: {obj.__qualname__}"
     lines = [f"{found} {info.name}" + (" (a protocol defense)" if found != kind else "") + f"  [{source}: {where}]",
              f"  {info.summary}", "", "parameters:"]  # fmt: skip
@@ -354,7 +353,7 @@ def show_text(kind: str, name: str) -> str:
 
 def cmd_show(args: argparse.Namespace) -> int:
     if not args.plugin:  # a built-in, read from its source: no torch import (None: only the registry can tell)
-        from gleak.plugin_source import show_text as from_source
+        from gleak.contracts.plugin_source import show_text as from_source
 
         text = from_source(args.kind, args.name)
         if text is not None:

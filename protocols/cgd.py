@@ -1,12 +1,12 @@
 """Confined Gradient Descent (Zhang, Bai, Li, Nepal and Ko: "Confined Gradient Descent: Privacy-preserving Optimization for Federated
-Learning"), a Protocol: in attack trials its rounds run through gleak.protocol.run_rounds, in utility runs it trains
+Learning"), a Protocol: in attack trials its rounds run through gleak.mechanics.protocol.run_rounds, in utility runs it trains
 with the vectorised engine (protocols/cgd_training.py), the fast path of the same rounds.
 
-Attack trials (gleak.trial): the case's clients are the m participants (the victim is client 0), each holding its
+Attack trials (gleak.orchestration.trial): the case's clients are the m participants (the victim is client 0), each holding its
 batch as its whole local data set (horizontal, Algorithm 1). Each participant computes its gradient at its own
 confined model w^l_1 = delta^l Rand^l (equation 11; Rand^l is N(0, 1) truncated to [-1, 1] by default, `init_law`);
 the gradients are summed by additive secret sharing over Z_2^32
-(gleak.secret_sharing, the share protocol itself); every participant steps its own model with alpha_k times the sum
+(gleak.mechanics.secret_sharing, the share protocol itself); every participant steps its own model with alpha_k times the sum
 (`server_step`: CGD's own public schedule, not the case's server step). Warm-up rounds (case warmup_rounds > 0) are CGD
 rounds too, on fresh batches, from the same confined models. An active attack is refused (UnsupportedCase): the
 participants never compute at a model the server built, so a prepared model would be silently discarded.
@@ -71,23 +71,20 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from gleak.config import derive_seed
-from gleak.errors import UnsupportedCase
-from gleak.models import first_linear
-from gleak.plugin import Defense, check_choice
-from gleak.protocol import Protocol
-from gleak.registry import register_protocol
-from gleak.secret_sharing import FixedPoint, secure_sum, sum_encoded
-from gleak.threat import ClientBatch, Update
-
-from gleak.protocols.cgd_training import (
-    INIT_LAWS, VERTICAL_READINGS, Partition, blocks, init_unit, step_size, train,
-)
+from gleak.contracts.config import derive_seed
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import Defense, check_choice
+from gleak.contracts.registry import register_protocol
+from gleak.contracts.wire import ClientBatch, Update
+from gleak.mechanics.models import first_linear
+from gleak.mechanics.protocol import Protocol
+from gleak.mechanics.secret_sharing import FixedPoint, secure_sum, sum_encoded
+from gleak.protocols.cgd_training import INIT_LAWS, VERTICAL_READINGS, Partition, blocks, init_unit, step_size, train
 from gleak.protocols.cgd_utility import centralized, features, mlp_sizes, subset, train_per_participant
 from gleak.protocols.cgd_vertical import VerticalBlock, block_update, draw_block, step_block, zero_block
 
 # The share protocol costs parties^2 ring elements per coordinate; beyond this many in all, the bit-identical sum
-# of encodings is used instead (gleak.secret_sharing.sum_encoded).
+# of encodings is used instead (gleak.mechanics.secret_sharing.sum_encoded).
 SHARE_BUDGET = 1 << 28
 _RUN_CACHE: dict[str, dict[str, Any]] = {}  # one utility run per configuration and process (train_utility)
 ALGORITHM2_READINGS = {
@@ -136,7 +133,7 @@ class _ConfinedTraining(Protocol):
         when false;
         vertical on a partition with one feature block (the readings coincide there). On a partition with feature
         blocks both readings are stored: a stored "literal" left out would be rebuilt with the default "vfl"
-        (gleak.registry checks that the stored form rebuilds itself), so the literal rows stored before the
+        (gleak.contracts.registry checks that the stored form rebuilds itself), so the literal rows stored before the
         parameter existed were re-keyed, not reused."""
         out = dict(params)
         if out.get("utility_seed", 0) is None:

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gleak.mechanics.secret_sharing import FixedPoint
 from gleak.protocols.cgd_training import PREACT_FRAC_BITS, InitLaw, Partition, Vertical, blocks, participant_init
-from gleak.secret_sharing import FixedPoint
 
 
 def _participants(
@@ -45,7 +45,7 @@ def reference_train(
     from that sum (as a received constant: its gradient reaches only its own first layer); each participant's loss
     from its own upper layers; its gradients by autograd, scaled as grad_scale says; the sums (first layer within
     the feature group, the rest across all; fixed point over Z_2^32 for "protocol"); every participant's step."""
-    from gleak.secret_sharing import fixed_point_sum
+    from gleak.mechanics.secret_sharing import fixed_point_sum
 
     fp = FixedPoint(frac_bits)
     rows, cols = partition.rows, partition.cols

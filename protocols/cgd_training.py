@@ -27,7 +27,7 @@ loop with autograd): the engine is tested equal to it.
 
 Secure sum. "protocol": each participant's gradient (and, in the vfl reading, its partial pre-activation, with
 `preact_frac_bits` = 16 fractional bits: pre-activations need the range) is encoded in fixed point
-(gleak.secret_sharing, Z_2^32, `frac_bits`), the encodings are summed exactly and decoded:
+(gleak.mechanics.secret_sharing, Z_2^32, `frac_bits`), the encodings are summed exactly and decoded:
 bit for bit what the share protocol reconstructs (tested), with the encoding-overflow check; it materialises every
 participant's gradient. "float": the plain floating-point sum (one matmul per layer), which ignores the protocol's
 rounding (at most m * 2^-(frac_bits+1) per entry).
@@ -52,10 +52,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gleak.config import derive_seed
-from gleak.heap import retain_freed_memory
-from gleak.plugin import check_choice
-from gleak.secret_sharing import FixedPoint
+from gleak.contracts.config import derive_seed
+from gleak.contracts.plugin import check_choice
+from gleak.mechanics.allocator import retain_freed_memory
+from gleak.mechanics.secret_sharing import FixedPoint
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from gleak.config import derive_seed
-from gleak.errors import UnsupportedCase
-from gleak.models import create_model
-from gleak.protocol import Schedule, run_rounds
+from gleak.contracts.config import derive_seed
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.wire import ClientBatch
+from gleak.mechanics.models import create_model
+from gleak.mechanics.protocol import Schedule, run_rounds
 from gleak.protocols.cgd_training import Partition, blocks, init_deltas, participant_init, train
 from gleak.protocols.cgd_vertical import VerticalBlock, initial_blocks
-from gleak.threat import ClientBatch
 
 _CENTRAL_CACHE: dict[str, Any] = {}
 
@@ -69,7 +69,7 @@ def train_per_participant(
     (participant_init), each participant's gradients through its defense; vertical partitions (vfl reading) one
     client per sample block (protocols/cgd_vertical.py). `models_only`: return the trained models (the engine's
     equality tests)."""
-    from gleak.registry import create
+    from gleak.contracts.registry import create
 
     t0 = time.perf_counter()
     part = Partition.parse(proto.partition)

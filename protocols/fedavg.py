@@ -7,10 +7,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from gleak.plugin import Defense
-from gleak.protocol import Protocol, check_local_steps, fedavg_update
-from gleak.registry import register_protocol
-from gleak.threat import ClientBatch, Update
+from gleak.contracts.plugin import Defense
+from gleak.contracts.registry import register_protocol
+from gleak.contracts.wire import ClientBatch, Update
+from gleak.mechanics.protocol import Protocol, check_local_steps, fedavg_update
 
 
 @register_protocol("fedavg")

@@ -2,8 +2,8 @@
 Decentralized Data", the FedSGD baseline), the default protocol."""
 from __future__ import annotations
 
-from gleak.protocol import Protocol
-from gleak.registry import register_protocol
+from gleak.contracts.registry import register_protocol
+from gleak.mechanics.protocol import Protocol
 
 
 @register_protocol("fedsgd")

@@ -11,7 +11,7 @@ def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject's addopts): one worker per usable core, at most 4. Many tests start `gleak run` with two
     worker processes of their own, so more pytest workers than cores only makes them wait; past 4 the start-up of
     each worker (torch's import) and the longest test file, not the cores, bound the wall time."""
-    from gleak.workers import usable_cores  # what `gleak run --workers auto` counts (no torch import)
+    from gleak.orchestration.workers import usable_cores  # what `gleak run --workers auto` counts (no torch import)
 
     return max(1, min(4, usable_cores()))
 

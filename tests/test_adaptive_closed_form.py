@@ -2,10 +2,10 @@
 import torch
 
 import gleak
-from gleak import registry
-from gleak.config import CaseConfig, TrialConfig
-from gleak.trial import execute
 from gleak.attacks.closed_form import completed_under_pruning, pooled_under_noise
+from gleak.contracts import registry
+from gleak.contracts.config import CaseConfig, TrialConfig
+from gleak.orchestration.trial import execute
 
 MLP = CaseConfig(dataset="skimage", model="mlp")
 AWARE = {"defense_aware": True}

@@ -8,11 +8,10 @@ import torch
 
 import gleak
 from gleak.attacks._gradmatch import wire_box
-from gleak.config import CaseConfig, TrialConfig
-from gleak.registry import ParamError, check_params
-from gleak.threat import DefenseDescription, Knowledge, Update
-from gleak.trial import execute
-
+from gleak.contracts.config import CaseConfig, TrialConfig
+from gleak.contracts.registry import ParamError, check_params
+from gleak.contracts.wire import DefenseDescription, Knowledge, Update
+from gleak.orchestration.trial import execute
 
 MLP8 = CaseConfig(dataset="skimage", model="mlp", resolution=8)  # 256 ReLU units on 8x8 colour crops
 SEEDS = (0, 1, 2)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import gleak
-from gleak.errors import InputError
+from gleak.contracts.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ def test_run_returns_the_counts_the_folder_and_the_rows(api_run):
 
 
 def test_run_trial_gets_the_suite_trial_ids_and_bit_identical_numbers(api_run):
-    from gleak.suite import load_suite
+    from gleak.orchestration.suite import load_suite
 
     d, s = api_run
     suite = load_suite(d / "api.toml")
@@ -120,7 +120,7 @@ def test_a_not_applicable_trial_raises_unsupported_case_or_returns_its_row():
 
 
 def test_a_failed_trial_raises_trial_failed_with_its_reason(monkeypatch):
-    from gleak import trial
+    from gleak.orchestration import trial
 
     def broken(*a, **k):
         raise RuntimeError("broken on purpose")

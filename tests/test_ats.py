@@ -7,8 +7,8 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 import gleak
 from gleak.defenses.ats import ATS, RANGES, TRANSFORMS, apply_op, parse_policy, transform_images
-from gleak.models import create_model
-from gleak.protocol import batch_gradient
+from gleak.mechanics.models import create_model
+from gleak.mechanics.protocol import batch_gradient
 
 
 def _image(seed: int, size: int = 16, channels: int = 3) -> np.ndarray:
@@ -197,7 +197,7 @@ def test_an_image_is_transformed_independently_of_the_rest_of_its_batch():
 def test_the_data_stats_reading_needs_the_data_normalisation_and_keeps_old_ids():
     with pytest.raises(RuntimeError, match="bind_data"):
         ATS().transform_batch(torch.zeros(1, 3, 4, 4), torch.Generator().manual_seed(0))
-    from gleak.registry import check_params
+    from gleak.contracts.registry import check_params
 
     def check(name, params):
         return check_params("defense", name, params)
@@ -210,7 +210,7 @@ def test_the_data_stats_reading_needs_the_data_normalisation_and_keeps_old_ids()
 
 def test_a_trial_binds_the_data_normalisation_to_the_client_defense(monkeypatch):
     """The runner hands each client's ATS its data's mean/std (the case's data set), so the default reading runs."""
-    from gleak.data import load_dataset
+    from gleak.mechanics.data import load_dataset
 
     seen = []
     original = ATS.bind_data

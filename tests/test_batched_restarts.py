@@ -11,11 +11,11 @@ from torch import nn
 
 import gleak
 from gleak.attacks._lbfgs import BatchedLBFGS
-from gleak.config import CaseConfig, TrialConfig, derive_seed
-from gleak.data import load_dataset
-from gleak.models import create_model
-from gleak.protocol import fedsgd_update
-from gleak.threat import ClientBatch, Knowledge, Observation, Update
+from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed
+from gleak.contracts.wire import ClientBatch, Knowledge, Observation, Update
+from gleak.mechanics.data import load_dataset
+from gleak.mechanics.models import create_model
+from gleak.mechanics.protocol import fedsgd_update
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 F64 = torch.float64
@@ -222,7 +222,7 @@ def test_batch_restarts_enters_trial_ids_only_where_it_changes_what_is_computed(
     """One start computes the same batched or not: its id stays. Several batched starts (and GradInversion's
     first-BN weight) compute other numbers than the loop did: they are stored, so those trials have new ids and a
     stored row is never read as the new computation's result."""
-    from gleak.registry import _registry
+    from gleak.contracts.registry import _registry
 
     check = _registry("attack").check_params
     assert "batch_restarts" not in check("dlg", {"restarts": 1})
@@ -288,9 +288,9 @@ def test_the_first_batchnorm_layer_weighs_first_bn_times_the_others():
 def test_the_bn_prior_reads_the_running_statistics_of_the_trained_model(tmp_path, monkeypatch):
     """A trained ResNet-20 case: the BN targets GradInversion uses are the pretrained model's running statistics
     (not the fresh model's zeros and ones, not the victim batch's statistics)."""
-    from gleak import pretrain
     from gleak.attacks import gradinversion as gi
-    from gleak.trial import execute
+    from gleak.mechanics import pretrain
+    from gleak.orchestration.trial import execute
 
     monkeypatch.setenv(pretrain.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(pretrain, "_MEMORY", {})
@@ -336,7 +336,7 @@ def test_batched_defense_aware_polish_computes_what_the_loop_computes():
     """Defense-aware DLG through int-8 quantization (plain run, then the cells polish it, the better kept per
     start), float64, 2 starts x 3 steps on the 8 px MLP: the batched trial scores as the loop's (measured: the
     same PSNR, 68 against 70 evaluations on one seed)."""
-    from gleak.trial import execute
+    from gleak.orchestration.trial import execute
 
     case = CaseConfig(dataset="skimage", model="mlp", model_params={"hidden": [32]}, resolution=8, dtype="float64")
     rows = {}

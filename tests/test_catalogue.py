@@ -9,11 +9,10 @@ import sys
 import pytest
 
 
-
 @pytest.mark.parametrize("kind", ["attack", "defense", "protocol", "model"])
 def test_the_source_reading_equals_the_registry(kind):
     # In a fresh interpreter: other tests register their own plugins in this process's registry.
-    code = ("import json; from gleak import registry; from gleak.catalogue import builtin_summaries; "
+    code = ("import json; from gleak.contracts import registry; from gleak.contracts.catalogue import builtin_summaries; "
             f"k = {kind!r}; print(json.dumps([builtin_summaries(k), "
             "{n: registry.plugin_info(k, n).summary for n in registry.list_plugins(k)}]))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -32,8 +31,8 @@ def test_gleak_list_imports_no_torch():
 
 def test_a_suite_naming_an_unknown_plugin_says_how_to_load_a_plugin_file(tmp_path):
     """The one line names the table and key, the close match, and --plugin (the plugin file left off the command)."""
-    from gleak.errors import InputError
-    from gleak.suite import load_suite
+    from gleak.contracts.errors import InputError
+    from gleak.orchestration.suite import load_suite
 
     f = tmp_path / "s.toml"
     f.write_text('[suite]\nname = "s"\n[case]\nmodel = "mlp"\n[[attack]]\nname = "mean-imag"\n[[defense]]\nname = "none"\n')
@@ -45,10 +44,10 @@ def test_a_suite_naming_an_unknown_plugin_says_how_to_load_a_plugin_file(tmp_pat
 
 
 def test_gleak_show_read_from_the_source_equals_the_registry_s_for_every_built_in():
-    """`gleak show KIND NAME` of a built-in from its source (gleak.plugin_source) prints what the registry-based text
+    """`gleak show KIND NAME` of a built-in from its source (gleak.contracts.plugin_source) prints what the registry-based text
     prints, for every built-in it answers; the ones it leaves to the registry are few and named here."""
-    code = ("import json; from gleak import registry; from gleak.catalogue import builtin_summaries; "
-            "from gleak.plugin_source import show_text as src; from gleak.cli import show_text; "
+    code = ("import json; from gleak.contracts import registry; from gleak.contracts.catalogue import builtin_summaries; "
+            "from gleak.contracts.plugin_source import show_text as src; from gleak.cli import show_text; "
             "out = {f'{k} {n}': src(k, n) for k in registry.KINDS for n in builtin_summaries(k)}; "
             "print(json.dumps([out, {key: show_text(*key.split(' ')) for key in out}]))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

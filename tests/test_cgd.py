@@ -7,16 +7,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gleak.config import CaseConfig, TrialConfig, UtilityConfig, generator
-from gleak.data import ImageDataset
+from gleak.contracts.config import CaseConfig, TrialConfig, UtilityConfig, generator
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.registry import create
+from gleak.contracts.wire import ClientBatch, Update
+from gleak.mechanics.data import ImageDataset
+from gleak.orchestration.trial import run_trial
 from gleak.protocols.cgd_reference import reference_train
 from gleak.protocols.cgd_training import (
-    ConfinedMLP, Partition, blocks, init_deltas, make_layout, step_size,
+    ConfinedMLP,
+    Partition,
+    blocks,
+    init_deltas,
+    make_layout,
+    step_size,
 )  # fmt: skip
-from gleak.errors import UnsupportedCase
-from gleak.registry import create
-from gleak.threat import ClientBatch, Update
-from gleak.trial import run_trial
 
 
 def _toy(n=12, d=7, classes=3, seed=0):
@@ -85,8 +90,8 @@ def test_vfl_models_are_their_blocks_first_layers_on_all_features_and_literal_on
 @pytest.mark.parametrize("vertical", ["vfl", "literal"])
 def test_a_cgd_step_moves_every_model_by_exactly_the_public_step_times_the_secure_sum(vertical):
     """Computed here independently: each participant's gradient by autograd at its own model (in the vfl reading
-    from its block's summed pre-activation), summed by the share protocol itself (gleak.secret_sharing)."""
-    from gleak.secret_sharing import FixedPoint, secure_sum
+    from its block's summed pre-activation), summed by the share protocol itself (gleak.mechanics.secret_sharing)."""
+    from gleak.mechanics.secret_sharing import FixedPoint, secure_sum
 
     x, y = _toy(n=12, d=7)
     part, sizes, alpha = Partition(3, 2), [7, 5, 3], 0.7
@@ -128,9 +133,9 @@ def test_the_init_law_is_stored_by_name_and_every_initial_weight_follows_it(law)
     """init_law enters every stored form (the default changed: a row without it computed "gaussian", so no stored
     form may drop it), and the engine's and the attack trials' draws follow it (the per-participant path draws the
     engine's inits: the engine-equality tests of tests/test_protocols.py hold it to the same law)."""
+    from gleak.contracts.registry import check_params
+    from gleak.mechanics.models import create_model
     from gleak.protocols.cgd_training import participant_init
-    from gleak.models import create_model
-    from gleak.registry import check_params
 
     for name in ("cgd", "local-training"):
         stored = check_params("defense", name, {"partition": "10x1", "init_law": law})
@@ -155,7 +160,7 @@ def test_the_init_law_is_stored_by_name_and_every_initial_weight_follows_it(law)
 
 
 def test_vertical_reading_enters_ids_only_where_it_changes_what_is_computed():
-    from gleak.registry import check_params
+    from gleak.contracts.registry import check_params
 
     old_keys = {"alpha", "colluders", "confined", "delta", "delta_high", "eval_participants", "frac_bits", "grad_scale",
                 "inputs", "iterations", "mu", "normalize_schedule", "partition", "proxy", "secure_sum", "train_samples",
@@ -171,8 +176,8 @@ def test_vertical_reading_enters_ids_only_where_it_changes_what_is_computed():
     assert check_params("defense", "cgd", {"partition": "10x7"})["vertical"] == "vfl"
     assert check_params("defense", "cgd", {"partition": "10x7", "utility_seed": 2})["utility_seed"] == 2
     assert "utility_seed" not in check_params("defense", "local-training", {"partition": "10x7"})
+    from gleak.contracts.registry import ParamError
     from gleak.protocols.cgd import CGD
-    from gleak.registry import ParamError
 
     with pytest.raises(ParamError, match="vertical"):
         create("defense", "cgd", vertical="both")
@@ -282,9 +287,9 @@ def test_subspace_demix_recovers_every_sample_of_the_honest_sum(dp, seeds, least
 
 
 def test_utility_csv_compares_each_cgd_row_with_its_own_centralized_run(tmp_path):
-    from gleak.registry import check_params
-    from gleak.store import Store
-    from gleak.utility import run_utilities, utility_frame
+    from gleak.contracts.registry import check_params
+    from gleak.orchestration.store import Store
+    from gleak.orchestration.utility import run_utilities, utility_frame
 
     cfg = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [16], "activation": "relu"}, clients=2,
                         training_rounds=8, batch_size=8, server_lr=0.1)  # fmt: skip
@@ -319,8 +324,8 @@ def test_a_cgd_verdict_is_attributed_to_the_partition_it_was_measured_at_not_the
     not inherit its verdict; a 10-client trial under "10x1" is the (10x1) configuration's own."""
     import pandas as pd
 
-    from gleak.attribution import undefended_baseline
-    from gleak.report import aggregate, defense_ranking
+    from gleak.reporting.attribution import undefended_baseline
+    from gleak.reporting.report import aggregate, defense_ranking
 
     wide = {"partition": "100x49", "colluders": None, "delta": 0.1}
     own = {"partition": "10x1", "colluders": None, "delta": 0.1}
@@ -425,7 +430,7 @@ def test_a_vertical_attack_trial_observes_the_blocks_sums_the_wire_and_whole_blo
 
 
 def test_a_split_features_verdict_is_attributed_to_the_vertical_partition_it_measured():
-    from gleak.attribution import _attributed
+    from gleak.reporting.attribution import _attributed
 
     own = {"partition": "10x7", "split_features": True, "colluders": None}
     assert _attributed("cgd", own, 10) is None  # measured at its own partition

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _suite(monkeypatch):
-    import gleak.suite as S
+    import gleak.orchestration.suite as S
 
     monkeypatch.setattr(S, "_check_data", lambda *a, **k: None)
     monkeypatch.setattr(S, "_utility", lambda *a, **k: None)
@@ -31,7 +31,7 @@ def test_the_benchmark_reads_the_honest_labels_of_the_trials_draw(monkeypatch):
     spec = importlib.util.spec_from_file_location("cgd_attacks", ROOT / "benchmarks" / "cgd_attacks.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    from gleak.trial import DTYPES, draw_batches, load_case_data
+    from gleak.orchestration.trial import DTYPES, draw_batches, load_case_data
 
     trial = next(t for t in _suite(monkeypatch).trials if t.case.model == "linear" and t.case.clients == 4)
     batches = draw_batches(load_case_data(trial), trial, DTYPES[trial.case.dtype])

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import gleak
-from gleak.errors import InputError
-from gleak.models import create_model
+from gleak.contracts.errors import InputError
+from gleak.mechanics.models import create_model
 
 
 def _save(path, model_name="mlp", seed=5, shape=(3, 32, 32)):
@@ -22,8 +22,8 @@ def test_a_trial_attacks_the_users_checkpoint(tmp_path):
     r = gleak.run_trial(attack="closed-form", model="mlp", model_state=f"file:{path}", batch_size=1, seed=0)
     assert r.metrics["verdict"] == "recovered" and r.extra["model_file"] == str(path)
     # The weights attacked are the file's: the round's model is built from them (not from the trial seed's init).
-    from gleak.pretrain import build_model
-    from gleak.data import load_dataset
+    from gleak.mechanics.data import load_dataset
+    from gleak.mechanics.pretrain import build_model
 
     model, info = build_model(r.config.case, load_dataset("skimage"), 0, torch.float32)
     for (k, a), b in zip(model.state_dict().items(), saved.state_dict().values()):

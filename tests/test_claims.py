@@ -6,9 +6,9 @@ import shutil
 import pandas as pd
 import pytest
 
-from gleak.claims import elsewhere_text, judge, undefended_twin, wilson
-from gleak.errors import InputError
-from gleak.suite import load_suite
+from gleak.contracts.errors import InputError
+from gleak.orchestration.suite import load_suite
+from gleak.reporting.claims import elsewhere_text, judge, undefended_twin, wilson
 
 HEAD = """
 [suite]
@@ -173,7 +173,7 @@ def test_the_leaderboard_judges_the_claims_and_a_clone_rebuilds_them(tmp_path):
     with its numbers) and the DP bound; the defense ranking's worst case for DGP is the adaptive attack's; deleting
     the store and rebuilding from the committed files gives the same section."""
     import gleak
-    from gleak.report import write_reports
+    from gleak.reporting.report import write_reports
 
     s = _suite(tmp_path, HEAD + CLAIM)
     out = tmp_path / "out"
@@ -231,8 +231,8 @@ def test_kappa_bounds_every_guess():
     test_doctests.py)."""
     import torch
 
-    import gleak.dp_bound as dpb
-    from gleak.data import load_dataset
+    import gleak.mechanics.dp_bound as dpb
+    from gleak.mechanics.data import load_dataset
 
     x = load_dataset("skimage", "train").x[:60].double()
     upper, attained = dpb.baseline_kappa(x), dpb.attained_kappa(x)

@@ -75,7 +75,7 @@ def test_failed_trials_exit_1_and_say_why(tmp_path, gleak_cmd, run_env):
     plugin = tmp_path / "boom.py"  # an attack that raises: a failure (an UnsupportedCase would be not-applicable)
     plugin.write_text(textwrap.dedent('''
         from gleak import register_attack
-        from gleak.plugin import Attack
+        from gleak.contracts.plugin import Attack
 
         @register_attack("boom")
         class Boom(Attack):

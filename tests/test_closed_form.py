@@ -2,9 +2,9 @@
 import torch
 
 import gleak
-from gleak.config import CaseConfig, TrialConfig
-from gleak.threat import Knowledge, Observation, Update
-from gleak.trial import execute
+from gleak.contracts.config import CaseConfig, TrialConfig
+from gleak.contracts.wire import Knowledge, Observation, Update
+from gleak.orchestration.trial import execute
 
 LINEAR = CaseConfig(dataset="uniform", resolution=8, channels=1, model="linear",
                     model_params={"init": "normal", "init_std": 0.5}, dtype="float64")  # fmt: skip
@@ -77,7 +77,7 @@ def test_batch_label_strategies_on_distinct_labels():
 
 
 def test_closed_form_refuses_a_conv_model_cleanly():
-    from gleak.trial import run_trial
+    from gleak.orchestration.trial import run_trial
 
     row = run_trial(TrialConfig("t", "closed-form", {}, "none", {}, CaseConfig(model="lenet"), 0))
     assert row["status"] == "not-applicable" and row["error"].startswith("UnsupportedCase")  # not applicable, not a failure

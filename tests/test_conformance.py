@@ -1,44 +1,34 @@
-import functools
 import textwrap
 
-import pytest
 
 import gleak
-from gleak.conformance import CHECK_NAMES, check_plugin
+from gleak.orchestration.conformance import CHECK_NAMES, check_plugin
+from gleak.testing import parametrize_with_checks
 
 
-@functools.lru_cache(maxsize=None)
-def _results(kind: str, name: str) -> dict:
-    """All checks of one plugin, run once (each check below is one pytest id)."""
-    return {c.name: c for c in check_plugin(kind, name)}
-
-
-def _builtin_checks():
+def _builtins():
     # Protocols named as defenses (cgd) are checked as protocols, once.
     for kind in ("attack", "defense", "protocol"):
         for name in gleak.list_plugins(kind):
-            if kind == "defense" and gleak.registry.plugin_info(kind, name).protocol:
-                continue
-            for check in CHECK_NAMES[kind]:
-                yield pytest.param(kind, name, check, id=f"{kind}:{name}:{check.replace(' ', '-')}")
+            if not (kind == "defense" and gleak.contracts.registry.plugin_info(kind, name).protocol):
+                yield kind, name
 
 
-@pytest.mark.parametrize("kind, name, check", list(_builtin_checks()))
-def test_builtin_passes(kind, name, check):
-    results = _results(kind, name)
-    assert set(results) == set(CHECK_NAMES[kind])  # the list the ids come from is the list that runs
-    c = results[check]
-    assert c.passed, c.detail
+@parametrize_with_checks(list(_builtins()))
+def test_builtin_passes(plugin, check):
+    """Every built-in passes every check of its kind, one pytest id per (plugin, check) through the same
+    gleak.testing.parametrize_with_checks a plugin author uses."""
+    check(plugin)
 
 
 def test_a_bad_defense_fails_the_check(tmp_path):
-    from gleak.registry import load_plugin_file
+    from gleak.contracts.registry import load_plugin_file
 
     f = tmp_path / "bad_defense.py"
     f.write_text(textwrap.dedent('''
         import torch
         from gleak import register_defense
-        from gleak.plugin import Defense
+        from gleak.contracts.plugin import Defense
 
         @register_defense("test-bad-defense")
         class Bad(Defense):
@@ -54,14 +44,14 @@ def test_a_bad_defense_fails_the_check(tmp_path):
 
 
 def test_an_attack_that_crashes_on_other_cases_fails(tmp_path):
-    from gleak.registry import load_plugin_file
+    from gleak.contracts.registry import load_plugin_file
 
     f = tmp_path / "bad_attack.py"
     f.write_text(textwrap.dedent('''
         import torch
         from gleak import register_attack
-        from gleak.plugin import Attack
-        from gleak.threat import Reconstruction
+        from gleak.contracts.plugin import Attack
+        from gleak.contracts.wire import Reconstruction
 
         @register_attack("test-bad-attack")
         class Bad(Attack):
@@ -95,7 +85,7 @@ def test_the_example_model_plugin_passes_gleak_check_plugin_and_docs_show_it():
 
 
 def test_a_model_with_wrong_logits_and_unseeded_weights_fails_those_checks(tmp_path):
-    from gleak.registry import load_plugin_file
+    from gleak.contracts.registry import load_plugin_file
 
     f = tmp_path / "bad_model.py"
     f.write_text(textwrap.dedent('''

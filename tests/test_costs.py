@@ -1,4 +1,4 @@
-"""The cost estimate (gleak.runner.estimated_costs) counts what the attacks do, so that longest-first starts the
+"""The cost estimate (gleak.orchestration.runner.estimated_costs) counts what the attacks do, so that longest-first starts the
 right trials first: DLG's L-BFGS evaluates the objective up to max_iter times per step, restarts multiply, and
 inverting gradients' preset iterations count when `iterations` is left at None. The model pass is counted by
 torch.utils.flop_counter.FlopCounterMode."""
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gleak.config import CaseConfig
-from gleak.runner import _model_pass_cost, _pass_flops, estimated_costs, longest_first
-from gleak.suite import load_suite
+from gleak.contracts.config import CaseConfig
+from gleak.orchestration.runner import _model_pass_cost, _pass_flops, estimated_costs, longest_first
+from gleak.orchestration.suite import load_suite
 
 SUITE = """
 [suite]

@@ -1,9 +1,9 @@
 import pytest
 import torch
-import gleak
 
-from gleak.data import load_dataset, sample_indices
-from gleak.errors import DatasetMissing, InputError
+import gleak
+from gleak.contracts.errors import DatasetMissing, InputError
+from gleak.mechanics.data import load_dataset, sample_indices
 
 
 def test_embedded_default_is_real_colour_32x32_with_labels():
@@ -24,7 +24,7 @@ def test_fashion_mnist_missing_root_names_the_file(tmp_path):
 
 
 def test_fashion_mnist_from_debian_when_installed():
-    from gleak.data import FASHION_MNIST_DEFAULT
+    from gleak.mechanics.data import FASHION_MNIST_DEFAULT
 
     if not (FASHION_MNIST_DEFAULT / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip("dataset-fashion-mnist is not installed (apt-get install -y dataset-fashion-mnist)")
@@ -71,7 +71,7 @@ def test_image_folder_with_train_and_test_roots(tmp_path):
     assert tr.y.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2] and te.y.tolist() == [0, 0, 2, 2]
     (tmp_path / "test" / "dog").mkdir()
     _png(tmp_path / "test" / "dog" / "0.png", 64, 64, 5)
-    from gleak import data
+    from gleak.mechanics import data
 
     data._raw.cache_clear()
     with pytest.raises(DatasetMissing, match="dog are not in train"):
@@ -105,7 +105,7 @@ def test_embedded_32px_images_are_byte_identical_to_the_published_ones(resolutio
 
 
 def test_embedded_images_are_cut_at_the_resolution_asked_not_upsampled():
-    from gleak.data import _resize
+    from gleak.mechanics.data import _resize
 
     big = load_dataset("skimage", resolution=64).x
     upsampled = _resize(load_dataset("skimage").x, 64)
@@ -120,7 +120,7 @@ def test_embedded_images_are_cut_at_the_resolution_asked_not_upsampled():
 
 
 def test_register_dataset_adds_a_name_and_list_datasets_shows_it():
-    from gleak.data import DataRequest, list_datasets, register_dataset
+    from gleak.mechanics.data import DataRequest, list_datasets, register_dataset
 
     @register_dataset("test-stripes", "vertical stripes (a test)")
     def _stripes(req: DataRequest):
@@ -137,8 +137,8 @@ def test_register_dataset_adds_a_name_and_list_datasets_shows_it():
 
 
 def _png(path, h, w, seed):
-    from PIL import Image
     import numpy as np
+    from PIL import Image
 
     Image.fromarray((np.random.default_rng(seed).random((h, w, 3)) * 255).astype("uint8")).save(path)
 
@@ -155,8 +155,8 @@ def test_distinct_label_batches():
 
 
 def test_iid_client_shards_are_those_of_the_utility_loop_before():
-    from gleak.config import generator
-    from gleak.data import client_shards
+    from gleak.contracts.config import generator
+    from gleak.mechanics.data import client_shards
 
     labels = torch.arange(103) % 7
     got = client_shards(labels, 4, generator(3, "utility-shards"))
@@ -170,8 +170,8 @@ def _skew(shards, labels):
 
 
 def test_dirichlet_shards_partition_the_data_and_skew_the_labels_more_as_alpha_falls():
-    from gleak.config import generator
-    from gleak.data import client_shards
+    from gleak.contracts.config import generator
+    from gleak.mechanics.data import client_shards
 
     labels = torch.arange(1000) % 10
     skews = {}
@@ -201,9 +201,9 @@ def test_published_utility_ids_are_unchanged_by_the_new_utility_key():
     import tomllib
     from pathlib import Path
 
-    from gleak import registry
-    from gleak.config import UtilityConfig
-    from gleak.utility import utility_id
+    from gleak.contracts import registry
+    from gleak.contracts.config import UtilityConfig
+    from gleak.orchestration.utility import utility_id
 
     root = Path(__file__).resolve().parent.parent
     raw = tomllib.loads((root / "suites" / "defense-costs.toml").read_text())["utility"]
@@ -218,15 +218,16 @@ def test_published_utility_ids_are_unchanged_by_the_new_utility_key():
 
 def test_utility_runs_train_on_dirichlet_shards_when_asked(tmp_path, utility_suite, monkeypatch):
     """[utility] dirichlet_alpha reaches the training loop's shards; a bad value is one line naming the key."""
-    from gleak import data, utility
-    from gleak.suite import load_suite
+    from gleak.mechanics import data
+    from gleak.orchestration import utility
+    from gleak.orchestration.suite import load_suite
 
     text = utility_suite.replace("clients = 2\n", "clients = 2\ndirichlet_alpha = 0.1\n")
     (tmp_path / "s.toml").write_text(text)
     cfg = load_suite(tmp_path / "s.toml").utility
     assert cfg.dirichlet_alpha == 0.1
     seen = []
-    real = data.client_shards  # the training loop (gleak.protocol.federated_training) deals the shards from here
+    real = data.client_shards  # the training loop (gleak.mechanics.protocol.federated_training) deals the shards from here
 
     def spy(labels, clients, gen, alpha=None, min_size=1):
         shards = real(labels, clients, gen, alpha, min_size)

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gleak
-from gleak.threat import Update
+from gleak.contracts.wire import Update
 
 
 def _seed002_bf16(a: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Devices (gleak.device, `gleak run --device`): resolved in one place, refused cleanly where absent, recorded per
+"""Devices (gleak.mechanics.device, `gleak run --device`): resolved in one place, refused cleanly where absent, recorded per
 trial, never part of a trial id. There is no GPU where these tests run: cuda is only ever refused here."""
 import json
 from pathlib import Path
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import gleak
-from gleak import device as devices
-from gleak.errors import InputError
+from gleak.contracts.errors import InputError
+from gleak.mechanics import device as devices
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_CUDA = not torch.cuda.is_available()
@@ -114,6 +114,6 @@ def test_cli_device_auto_records_the_device_and_keeps_the_cpu_ids(tmp_path):
     df = pd.read_csv(tmp_path / "auto" / "results.csv")
     expected = "cuda:0" if not NO_CUDA else "cpu"
     assert [json.loads(e)["device"] for e in df["extra"]] == [expected] * 2
-    from gleak.suite import load_suite
+    from gleak.orchestration.suite import load_suite
 
     assert sorted(df["trial_id"]) == sorted(t.trial_id for t in load_suite(suite).trials)  # ids: the config's alone

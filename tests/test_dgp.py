@@ -5,11 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gleak
-from gleak.config import CaseConfig, TrialConfig
-from gleak.threat import Update
-from gleak.trial import execute
-
+from gleak.contracts.config import CaseConfig, TrialConfig
+from gleak.contracts.wire import Update
 from gleak.defenses.dgp import dgp_counts, dgp_keep_mask
+from gleak.orchestration.trial import execute
 
 
 def _layers(sizes, kind, g):

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gleak import figures
+from gleak.reporting import figures
 
 
 def _lines(xs: list[float], attacks=("closed-form", "idlg")) -> pd.DataFrame:

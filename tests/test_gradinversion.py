@@ -10,10 +10,10 @@ from torch import nn
 import gleak
 from gleak.attacks.gradinversion import BNStatistics, GradInversion
 from gleak.attacks.idlg import recover_labels
-from gleak.data import load_dataset
-from gleak.metrics import score
-from gleak.protocol import batch_gradient
-from gleak.threat import ClientBatch, Knowledge, Observation, Update, denormalize
+from gleak.contracts.wire import ClientBatch, Knowledge, Observation, Update, denormalize
+from gleak.mechanics.data import load_dataset
+from gleak.mechanics.metrics import score
+from gleak.mechanics.protocol import batch_gradient
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 RES, BATCH = 8, 8

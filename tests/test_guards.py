@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from gleak.config import derive_seed
-from gleak.gate import guess_values, observer_model
-from gleak.models import create_model
+from gleak.contracts.config import derive_seed
+from gleak.mechanics.gate import guess_values, observer_model
+from gleak.mechanics.models import create_model
 
 ARCH = SimpleNamespace(needs=frozenset({"architecture", "batch_size"}))
 WHITE_BOX = SimpleNamespace(needs=frozenset({"architecture", "parameters"}))
@@ -101,21 +101,21 @@ def _uniform_p(values, bits: int = 4) -> float:
     """Chi-square p-value that ring elements are uniform, by their top and by their low `bits` bits (the smaller)."""
     from scipy.stats import chisquare
 
-    from gleak.secret_sharing import RING_BITS
+    from gleak.mechanics.secret_sharing import RING_BITS
 
     codes = [(values >> (RING_BITS - bits)).long(), (values & ((1 << bits) - 1)).long()]
     return min(float(chisquare(torch.bincount(c, minlength=1 << bits).numpy()).pvalue) for c in codes)
 
 
 def _run(secrets, draws, seed):
-    from gleak.secret_sharing import run_protocol
+    from gleak.mechanics.secret_sharing import run_protocol
 
     g = torch.Generator().manual_seed(seed)
     return run_protocol(torch.tensor(secrets, dtype=torch.int64).unsqueeze(1).expand(len(secrets), draws).contiguous(), g)
 
 
 def test_what_each_party_and_the_aggregator_receive_is_uniform_and_only_the_sum_is_revealed():
-    from gleak.secret_sharing import MODULUS
+    from gleak.mechanics.secret_sharing import MODULUS
 
     secrets = [5, 77, 123456, 2**31 + 9]
     t = _run(secrets, 20000, 0)
@@ -146,9 +146,9 @@ def test_the_aggregators_view_has_one_law_for_two_splits_of_one_sum():
 def test_cgd_runs_the_share_protocol_and_its_aggregator_sees_only_the_honest_sum(monkeypatch):
     """Through CGD's own secure sum (the protocol's observe): every transcript it runs shows the aggregator uniform
     partial sums, and the view is the fixed-point sum of the honest participants' scaled gradients."""
-    from gleak import secret_sharing
-    from gleak.registry import create
-    from gleak.threat import Update
+    from gleak.contracts.registry import create
+    from gleak.contracts.wire import Update
+    from gleak.mechanics import secret_sharing
 
     seen = []
     real = secret_sharing.run_protocol
@@ -184,7 +184,7 @@ def test_a_trials_epsilon_is_the_accountants_after_the_noisy_steps_it_took(case,
     import json
 
     from gleak.api import trial_config
-    from gleak.trial import run_trial
+    from gleak.orchestration.trial import run_trial
 
     cfg = trial_config("closed-form", {"name": "noise", "mode": "dp", "noise_multiplier": 1.3}, dataset="skimage",
                        model="mlp", model_params={"hidden": [16]}, resolution=8, batch_size=2, **case)  # fmt: skip
@@ -217,8 +217,8 @@ name = "none"
 def test_a_rerun_retries_the_failed_trials_and_only_them(tmp_path):
     import sqlite3
 
-    from gleak.runner import run_suite
-    from gleak.suite import load_suite
+    from gleak.orchestration.runner import run_suite
+    from gleak.orchestration.suite import load_suite
 
     (tmp_path / "s.toml").write_text(RESUME_SUITE)
     suite = load_suite(tmp_path / "s.toml")
@@ -239,9 +239,9 @@ def test_rescore_writes_back_what_it_recomputes_into_the_stored_extra(tmp_path):
     import json
     import sqlite3
 
-    from gleak.reconstructions import rescore
-    from gleak.runner import run_suite
-    from gleak.suite import load_suite
+    from gleak.orchestration.reconstructions import rescore
+    from gleak.orchestration.runner import run_suite
+    from gleak.orchestration.suite import load_suite
 
     (tmp_path / "s.toml").write_text(RESUME_SUITE.replace("seeds = [0, 1, 2]", "seeds = [0]"))
     out = tmp_path / "out"
@@ -282,7 +282,7 @@ def test_the_cgd_engine_is_algorithm_2_on_unequal_sample_blocks(n, rows, cols, s
 
 
 def test_reset_starts_the_privacy_spent_afresh():
-    from gleak.registry import create
+    from gleak.contracts.registry import create
 
     d = create("defense", "noise", mode="dp", noise_multiplier=1.3)
     model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))

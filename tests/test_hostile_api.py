@@ -1,6 +1,6 @@
 """The Python API checks its arguments at the call: one gleak.InputError naming the argument, never a TypeError or
 RuntimeError from deep inside (gleak.api); an LPIPS backbone that is not AlexNet's weights is one line before any
-trial runs, on the command line and in the API (gleak.metrics.check_lpips_weights)."""
+trial runs, on the command line and in the API (gleak.mechanics.metrics.check_lpips_weights)."""
 import os
 import sqlite3
 import textwrap
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import gleak
-from gleak import cli, trial
+from gleak import cli
+from gleak.orchestration import trial
 
 T1 = textwrap.dedent('''
     [suite]
@@ -43,8 +44,8 @@ def _one_line(exc, *needles):
 
 
 @pytest.mark.parametrize("kwargs, needles", [
-    ({"config": "closed-form"}, ["config must be a gleak.config.TrialConfig", "run_trial(attack='closed-form')"]),
-    ({"config": 3}, ["config must be a gleak.config.TrialConfig", "int"]),
+    ({"config": "closed-form"}, ["config must be a gleak.contracts.config.TrialConfig", "run_trial(attack='closed-form')"]),
+    ({"config": 3}, ["config must be a gleak.contracts.config.TrialConfig", "int"]),
     ({"attack": "closed-form", "seed": -1, **CASE}, ["seed must be in [0, 2**63), got -1"]),
     ({"attack": "closed-form", "seed": 2**63, **CASE}, ["seed must be in [0, 2**63)"]),
     ({"attack": "closed-form", "seed": 1.5, **CASE}, ["seed must be an integer"]),
@@ -147,7 +148,7 @@ def test_alexnet_weights_pass_the_backbone_check(tmp_path):
     """The check accepts the file it is for (a state dict of torchvision's AlexNet, random weights here)."""
     import torchvision
 
-    from gleak.metrics import check_lpips_weights
+    from gleak.mechanics.metrics import check_lpips_weights
 
     path = tmp_path / "alexnet.pth"
     torch.save(torchvision.models.alexnet().state_dict(), path)

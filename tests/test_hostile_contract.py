@@ -1,13 +1,13 @@
 """A hostile attack's output is refused before it is scored, and a plugin's change to torch's global state does not
-reach the next trial (gleak.contract)."""
+reach the next trial (gleak.contracts.attack_output)."""
 import textwrap
 
 import pytest
 import torch
 
-from gleak.registry import load_plugin_file
-from gleak.suite import load_suite
-from gleak.trial import run_trial
+from gleak.contracts.registry import load_plugin_file
+from gleak.orchestration.suite import load_suite
+from gleak.orchestration.trial import run_trial
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -15,8 +15,8 @@ PLUGIN = textwrap.dedent('''
     import torch
 
     from gleak import register_attack
-    from gleak.plugin import Attack
-    from gleak.threat import Reconstruction
+    from gleak.contracts.plugin import Attack
+    from gleak.contracts.wire import Reconstruction
 
 
     @register_attack("hostile-output")

@@ -1,14 +1,14 @@
 """Plugin and suite text is data: Markdown leaderboards show it as written and never as structure (no link, no
 image, no heading, no table cell, no HTML, no ESC byte), HTML escapes it, and the terminal output of `show`,
-`list suites` and `check-plugin` carries no escape sequence (gleak.documents.markdown.md_data, gleak.escaping)."""
+`list suites` and `check-plugin` carries no escape sequence (gleak.reporting.documents.markdown.md_data, gleak.contracts.escaping)."""
 import re
 import textwrap
 
 from gleak import cli
-from gleak.documents.cells import data
-from gleak.documents.html import render_html
-from gleak.documents.markdown import md_escape, render_markdown
-from gleak.escaping import strip_controls
+from gleak.contracts.escaping import strip_controls
+from gleak.reporting.documents.cells import data
+from gleak.reporting.documents.html import render_html
+from gleak.reporting.documents.markdown import md_escape, render_markdown
 
 HOSTILE = "[click](javascript:alert(1)) ![t](http://example.invalid/t.png) <script>x</script> | a | `c` \x1b[31mred\x1b[0m"
 
@@ -46,7 +46,7 @@ def test_gleak_text_without_data_is_unchanged_and_data_that_makes_nothing_stays_
 
 PLUGIN = textwrap.dedent('''
     from gleak import register_attack
-    from gleak.plugin import Attack
+    from gleak.contracts.plugin import Attack
 
 
     @register_attack("marker")
@@ -128,7 +128,7 @@ def test_check_plugin_output_is_stripped(tmp_path, capsys, monkeypatch):
     themselves replaced by one failing check that quotes such an error: the printing is what is tested here)."""
     from types import SimpleNamespace
 
-    from gleak import workers
+    from gleak.orchestration import workers
 
     failing = SimpleNamespace(passed=False, name="reconstruct runs", detail="RuntimeError: \x1b[2J\x1b]0;pwned\x07boom")
     monkeypatch.setattr(workers, "check_plugin_isolated", lambda *a, **k: [failing])
@@ -142,7 +142,7 @@ def test_check_plugin_output_is_stripped(tmp_path, capsys, monkeypatch):
 def test_csv_cells_that_a_spreadsheet_would_run_are_quoted_numbers_are_not():
     import pandas as pd
 
-    from gleak.documents.tables import csv_text, quoted_cell, unquoted, unquoted_cell
+    from gleak.reporting.documents.tables import csv_text, quoted_cell, unquoted, unquoted_cell
 
     for text in ("=HYPERLINK(\"http://x\")", "+1+1", "-2+3", "@SUM(A1)", "\tx", "\rx", "'=already", "''+two"):
         assert quoted_cell(text) == "'" + text and unquoted_cell(quoted_cell(text)) == text
@@ -167,7 +167,7 @@ def test_results_csv_of_a_run_quotes_a_formula_and_rebuilds_it_unchanged(tmp_pat
     plugin = tmp_path / "formula.py"
     plugin.write_text(textwrap.dedent('''
         from gleak import register_attack
-        from gleak.plugin import Attack
+        from gleak.contracts.plugin import Attack
 
 
         @register_attack("spreadsheet-cell")

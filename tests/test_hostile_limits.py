@@ -1,13 +1,14 @@
-"""Limits checked before work: a grid's size counted before it expands (gleak.suite.count_trials), a foreign
---out refused without walking it (gleak.folder.claim)."""
+"""Limits checked before work: a grid's size counted before it expands (gleak.orchestration.suite.count_trials), a foreign
+--out refused without walking it (gleak.orchestration.output_folder.claim)."""
 import textwrap
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from gleak import folder as owned, suite
-from gleak.errors import InputError
+from gleak.contracts.errors import InputError
+from gleak.orchestration import output_folder as owned
+from gleak.orchestration import suite
 
 BIG = textwrap.dedent('''
     [suite]
@@ -114,7 +115,7 @@ def test_a_foreign_out_is_refused_without_walking_it(tmp_path, monkeypatch):
 
 def test_a_case_over_the_memory_bound_is_refused_before_any_data_is_built(tmp_path, monkeypatch):
     """resolution 1024 at batch 64: one line naming the file, the table and the key, before a data set is loaded
-    (gleak.suite.MAX_ROUND_VALUES); the same case at batch 8 is within the bound."""
+    (gleak.orchestration.suite.MAX_ROUND_VALUES); the same case at batch 8 is within the bound."""
     text = textwrap.dedent('''
         [suite]
         name = "mem"
@@ -156,7 +157,7 @@ HANGS = textwrap.dedent('''
     import time
 
     from gleak import register_attack
-    from gleak.plugin import Attack
+    from gleak.contracts.plugin import Attack
 
 
     @register_attack("NAME")
@@ -180,7 +181,7 @@ HANGS = textwrap.dedent('''
 def test_a_plugin_whose_init_hangs_is_one_line_naming_it(tmp_path, monkeypatch, name, body):
     import time
 
-    from gleak import registry
+    from gleak.contracts import registry
 
     (tmp_path / f"{name}.py").write_text(HANGS.replace("NAME", name).replace("BODY", body))
     registry.load_plugin_file(str(tmp_path / f"{name}.py"))

@@ -1,13 +1,14 @@
 """The folder's lock: a run holds it until its last report file is written, `gleak leaderboard` / `plot` /
 `rescore` take it (refused with one line while a run writes the folder, the run unharmed), and a refused command
-leaves no `.lock` behind (gleak.store.take_lock / release_lock / holding_lock, gleak.runner)."""
+leaves no `.lock` behind (gleak.orchestration.store.take_lock / release_lock / holding_lock, gleak.orchestration.runner)."""
 from pathlib import Path
 
 import pytest
 
-from gleak import cli, report, store
-from gleak.store import LOCK_NAME
-
+from gleak import cli
+from gleak.orchestration import store
+from gleak.orchestration.store import LOCK_NAME
+from gleak.reporting import report
 from tests.test_hostile_store import T1, tree  # the 2-trial closed-form suite and the folder digest they share
 
 
@@ -53,8 +54,8 @@ def test_the_run_holds_its_lock_until_its_last_report_and_a_leaderboard_meanwhil
 
 def test_a_refused_run_leaves_no_lock_file_nor_folder(suite_file, tmp_path, monkeypatch, capsys):
     """A refusal after the lock was taken (here the store refuses) removes the lock file and the folder it created."""
-    from gleak import runner
-    from gleak.errors import InputError
+    from gleak.contracts.errors import InputError
+    from gleak.orchestration import runner
 
     def refuse(*a, **k):
         raise InputError("refused on purpose")
@@ -72,7 +73,7 @@ def test_a_refused_run_leaves_no_lock_file_nor_folder(suite_file, tmp_path, monk
 
 def test_ray_that_cannot_start_refuses_before_the_folder_is_touched(suite_file, tmp_path, monkeypatch, capsys):
     """`--executor ray --address auto` with no cluster: one line, and neither the folder nor a .lock is created."""
-    from gleak import ray_executor
+    from gleak.orchestration import ray_executor
 
     class NoCluster:
         def __init__(self, *a, **k):

@@ -1,5 +1,5 @@
 """gleak writes and deletes only inside its folder and never over a user's file: links at its paths are refused,
-suite.json is protected under --force, a relative --out survives a plugin's chdir (gleak.folder)."""
+suite.json is protected under --force, a relative --out survives a plugin's chdir (gleak.orchestration.output_folder)."""
 import os
 import subprocess
 import textwrap
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gleak import cli, folder as owned
-from gleak.errors import InputError
+from gleak import cli
+from gleak.contracts.errors import InputError
+from gleak.orchestration import output_folder as owned
 from tests.test_hostile_store import T1, copy, refused, t1, tree  # noqa: F401 - t1: the shared fixture
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,7 +69,7 @@ def test_a_linked_store_is_refused(t1, tmp_path, capsys):
 
 
 def test_no_write_through_a_folder_that_became_a_link(tmp_path):
-    from gleak.figures import atomic_write_bytes
+    from gleak.reporting.figures import atomic_write_bytes
 
     outside = _outside(tmp_path)
     before = tree(outside)
@@ -92,8 +93,8 @@ CHDIR = textwrap.dedent('''
     import os
 
     from gleak import register_attack
-    from gleak.plugin import Attack
-    from gleak.registry import create
+    from gleak.contracts.plugin import Attack
+    from gleak.contracts.registry import create
 
 
     @register_attack("wanders")
@@ -134,7 +135,7 @@ def _six_pngs(root: Path) -> None:
 
 
 def _samples(root: Path) -> int:
-    from gleak.data import load_dataset
+    from gleak.mechanics.data import load_dataset
 
     return len(load_dataset(f"folder:{root}")) + len(load_dataset(f"folder:{root}", "test"))
 
@@ -160,7 +161,7 @@ def test_a_link_out_of_an_image_folder_is_one_line_naming_it(tmp_path):
 
     _png(elsewhere / "secret.png", 8, 8, 3)
     (root / "a" / "out.png").symlink_to(elsewhere / "secret.png")
-    from gleak.data import load_dataset
+    from gleak.mechanics.data import load_dataset
 
     with pytest.raises(InputError, match=r"a/out.png is a symbolic link out of the folder") as e:
         load_dataset(f"folder:{root}")
@@ -181,7 +182,7 @@ def test_an_image_folder_without_links_reads_as_torchvision_reads_it(tmp_path):
     (root / "a" / "nested" / "z.PNG").write_bytes((root / "a" / "0.png").read_bytes())
     (root / "a" / "notes.txt").write_text("not an image")
     theirs = datasets.ImageFolder(str(root)).samples
-    from gleak import data
+    from gleak.mechanics import data
 
     captured = {}
     real = datasets.ImageFolder.__init__

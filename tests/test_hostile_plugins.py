@@ -1,5 +1,5 @@
 """A plugin that ends the process (os._exit, sys.exit) at import or in __init__ ends `run` and `check-plugin` with
-one line naming the plugin and exit 2, not with its own exit status (gleak.contract.no_exit)."""
+one line naming the plugin and exit 2, not with its own exit status (gleak.contracts.attack_output.no_exit)."""
 import subprocess
 import textwrap
 
@@ -12,7 +12,7 @@ PLUGIN = textwrap.dedent('''
     import sys
 
     from gleak import register_attack
-    from gleak.plugin import Attack
+    from gleak.contracts.plugin import Attack
 
     {at_import}
 
@@ -64,7 +64,7 @@ SPAWNS = textwrap.dedent('''
     import sys
 
     from gleak import register_attack
-    from gleak.plugin import Attack
+    from gleak.contracts.plugin import Attack
 
 
     @register_attack("spawner")
@@ -92,7 +92,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_plugins_child_processes_end_with_its_trial(tmp_path, capsys):
     """Run in a worker process (the default): after each trial, and so after the run, no process the plugin
-    started is left (gleak.workers._end_trial_children), its double-forked grandchild included."""
+    started is left (gleak.orchestration.workers._end_trial_children), its double-forked grandchild included."""
     from gleak import cli
 
     pids = tmp_path / "pids.txt"

@@ -1,5 +1,5 @@
 """A damaged store, damaged stored arrays or a damaged published folder: one line, exit 2, the folder unchanged
-(gleak.stored, gleak.reconstructions.unpack)."""
+(gleak.orchestration.stored_values, gleak.orchestration.reconstructions.unpack)."""
 import hashlib
 import io
 import shutil

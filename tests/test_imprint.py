@@ -4,12 +4,12 @@ import torch
 
 import gleak
 from gleak.attacks.imprint import ENCODER
-from gleak.config import CaseConfig, TrialConfig, derive_seed, generator
-from gleak.metrics import psnr
-from gleak.models import create_model
-from gleak.protocol import fedsgd_update
-from gleak.threat import ClientBatch, Knowledge, Observation, Update
-from gleak.trial import attacker_knowledge, draw_batches, execute, load_case_data
+from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed, generator
+from gleak.contracts.wire import ClientBatch, Knowledge, Observation, Update
+from gleak.mechanics.metrics import psnr
+from gleak.mechanics.models import create_model
+from gleak.mechanics.protocol import fedsgd_update
+from gleak.orchestration.trial import attacker_knowledge, draw_batches, execute, load_case_data
 
 B32 = CaseConfig(dataset="skimage", model="mlp", batch_size=32)
 
@@ -55,7 +55,7 @@ def test_prepare_leaves_the_model_alone_and_the_body_unchanged():
     model = create_model("lenet", (3, 16, 16), 10, seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     public = torch.randn(20, 3, 16, 16, generator=torch.Generator().manual_seed(0))
-    k = gleak.threat.Knowledge(input_shape=(3, 16, 16), num_classes=10, batch_size=2, public_x=public)
+    k = gleak.contracts.wire.Knowledge(input_shape=(3, 16, 16), num_classes=10, batch_size=2, public_x=public)
     served = gleak.create("attack", "imprint", bins=8).prepare(model, k, torch.Generator().manual_seed(0))
     assert served is not model and all(torch.equal(v, model.state_dict()[n]) for n, v in before.items())
     assert all(torch.equal(p, served.state_dict()[f"body.{n}"]) for n, p in model.state_dict().items())

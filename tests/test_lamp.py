@@ -11,8 +11,8 @@ import torch
 pytest.importorskip("tokenizers")
 pytest.importorskip("rouge_score")
 
-from gleak.config import CaseConfig, TrialConfig  # noqa: E402
-from gleak.vocabulary import FORTUNE_TOPICS, FORTUNES_DIR  # noqa: E402
+from gleak.contracts.config import CaseConfig, TrialConfig  # noqa: E402
+from gleak.contracts.vocabulary import FORTUNE_TOPICS, FORTUNES_DIR  # noqa: E402
 
 needs_fortunes = pytest.mark.skipif(not all((FORTUNES_DIR / t).is_file() for t in FORTUNE_TOPICS),
                                     reason="Debian's fortunes is not installed (apt-get install -y fortunes)")  # fmt: skip
@@ -23,7 +23,7 @@ TRAINED = {"model_state": "trained", "train_steps": 500, "train_lr": 0.05}  # th
 
 
 def _trial(params, seed, defense="none", **case):
-    from gleak.trial import run_trial
+    from gleak.orchestration.trial import run_trial
 
     c = CaseConfig(**{"dataset": "fortunes", "model": "text-classifier", "seq_len": 16, **TRAINED, **case})
     row = run_trial(TrialConfig("text", "lamp", params, defense, {}, c, seed))

@@ -9,12 +9,12 @@ import torch
 
 import gleak
 from gleak.attacks.fishing import target_class
-from gleak.config import CaseConfig, TrialConfig, derive_seed, generator
-from gleak.conformance import check_plugin
-from gleak.models import create_model
-from gleak.protocol import batch_gradient
-from gleak.threat import Knowledge
-from gleak.trial import attacker_knowledge, draw_batches, execute, load_case_data, run_trial
+from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed, generator
+from gleak.contracts.wire import Knowledge
+from gleak.mechanics.models import create_model
+from gleak.mechanics.protocol import batch_gradient
+from gleak.orchestration.conformance import check_plugin
+from gleak.orchestration.trial import attacker_knowledge, draw_batches, execute, load_case_data, run_trial
 
 SEEDS = (0, 1, 2, 3, 4)
 
@@ -120,8 +120,8 @@ def test_a_mixture_that_would_fire_a_dead_trap_row_is_not_named():
 def test_closed_form_agreement_names_what_it_finds_when_fewer_rows_differ_than_samples():
     """The trap's reader found it: rows of fewer distinct inputs than the update's count (here one image four
     times) used to end the closed form's agreement rule with an error; it now names the groups it has."""
-    from gleak.protocol import fedsgd_update
-    from gleak.threat import ClientBatch, Observation
+    from gleak.contracts.wire import ClientBatch, Observation
+    from gleak.mechanics.protocol import fedsgd_update
 
     ds = load_case_data(TrialConfig("t", "x", {}, "none", {}, _case(1, 1), 0))
     for seed in (0, 1):
@@ -147,7 +147,7 @@ def test_through_cgd_every_active_attack_is_not_applicable_with_its_reason(attac
 
 
 def test_an_attack_sending_different_models_must_declare_it(tmp_path):
-    from gleak.registry import load_plugin_file
+    from gleak.contracts.registry import load_plugin_file
 
     f = tmp_path / "undeclared.py"
     f.write_text(textwrap.dedent('''
@@ -171,7 +171,7 @@ def test_an_attack_sending_different_models_must_declare_it(tmp_path):
 
 @pytest.mark.parametrize("where", ["reconstruct", "prepare"])
 def test_an_attack_editing_the_model_outside_its_hooks_fails_check_plugin(tmp_path, where):
-    from gleak.registry import load_plugin_file
+    from gleak.contracts.registry import load_plugin_file
 
     edit = {"reconstruct": ("def prepare(self, model, knowledge, rng):\n                self._sent = model\n"
                             "                return model\n"
@@ -202,7 +202,7 @@ def test_an_attack_editing_the_model_outside_its_hooks_fails_check_plugin(tmp_pa
 
 def test_the_default_hook_leaves_imprint_trials_bit_identical(monkeypatch):
     """The trial before the hook existed: one prepared model for every client, from the same generator."""
-    import gleak.trial as T
+    import gleak.orchestration.trial as T
 
     cases = [(_case(1, 4, "fedsgd"), "none", {}), (_case(4, 2), "topk", {"ratio": 0.9})]
     # a random measurement: the prepare step draws from its generator, which must stay the one it had

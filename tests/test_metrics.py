@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gleak import metrics
+from gleak.mechanics import metrics
 
 
 def test_identical_images_score_perfectly():
@@ -110,7 +110,7 @@ def test_lpips_from_the_torch_hub_cache_is_the_lpips_packages_own(monkeypatch, t
 
 
 def test_exact_share_keeps_exact_pairs_the_mse_pairing_would_trade_away():
-    from gleak.metrics import exact_share, match
+    from gleak.mechanics.metrics import exact_share, match
 
     truth = torch.tensor([0.5, 0.6]).view(2, 1, 1, 1)
     rec = torch.tensor([0.5, 0.0]).view(2, 1, 1, 1)  # the first is exact; the second a poor guess

@@ -1,8 +1,8 @@
 """One computation, one trial id: a protocol named in the case with no client defense is written in its defense
-spelling before the id is computed (gleak.suite.one_spelling), the spelling the published trials have."""
+spelling before the id is computed (gleak.orchestration.suite.one_spelling), the spelling the published trials have."""
 import pytest
 
-from gleak.suite import load_suite
+from gleak.orchestration.suite import load_suite
 
 CASE = """
 [suite]
@@ -46,9 +46,9 @@ def test_a_protocol_without_a_defense_spelling_keeps_the_case_spelling(tmp_path)
 
 
 def test_the_one_spelling_runs_what_the_case_spelling_ran(tmp_path):
-    from gleak.config import CaseConfig
-    from gleak.protocol import trial_setup
-    from gleak.registry import check_params
+    from gleak.contracts.config import CaseConfig
+    from gleak.contracts.registry import check_params
+    from gleak.mechanics.protocol import trial_setup
 
     (t, _) = _trials(tmp_path, 'protocol = "cgd"\nprotocol_params = { colluders = 1 }', 'name = "none"')
     as_written = CaseConfig(protocol="cgd", protocol_params=check_params("protocol", "cgd", {"colluders": 1}))

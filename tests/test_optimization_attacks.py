@@ -8,12 +8,12 @@ import torch.nn.functional as F
 import gleak
 from gleak.attacks._gradmatch import observed_gradient
 from gleak.attacks.inverting_gradients import milestones, total_variation
-from gleak.config import CaseConfig, TrialConfig, derive_seed, generator
-from gleak.data import load_dataset
-from gleak.models import create_model
-from gleak.protocol import fedavg_update, fedsgd_update
-from gleak.threat import ClientBatch, Knowledge, Observation
-from gleak.trial import execute
+from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed, generator
+from gleak.contracts.wire import ClientBatch, Knowledge, Observation
+from gleak.mechanics.data import load_dataset
+from gleak.mechanics.models import create_model
+from gleak.mechanics.protocol import fedavg_update, fedsgd_update
+from gleak.orchestration.trial import execute
 
 LENET16 = CaseConfig(dataset="skimage", model="lenet", resolution=16)
 
@@ -172,7 +172,7 @@ def test_models_have_the_published_sizes(name, params, count):
 
 
 def test_trained_state_is_trained_once_cached_and_deterministic(tmp_path, monkeypatch):
-    from gleak import pretrain
+    from gleak.mechanics import pretrain
 
     monkeypatch.setenv(pretrain.CACHE_ENV, str(tmp_path / "a"))
     monkeypatch.setattr(pretrain, "_MEMORY", {})
@@ -199,7 +199,7 @@ def test_trained_state_is_trained_once_cached_and_deterministic(tmp_path, monkey
 
 
 def test_model_mode_sets_batchnorm_statistics():
-    from gleak.pretrain import build_model
+    from gleak.mechanics.pretrain import build_model
 
     ds = load_dataset("skimage", resolution=16)
     m, _ = build_model(CaseConfig(model="resnet20", model_params={"width": 1}, model_mode="eval"), ds, 0, torch.float32)
@@ -213,7 +213,7 @@ def test_leaderboard_keeps_trained_and_untrained_apart():
 
     import pandas as pd
 
-    from gleak.report import aggregate
+    from gleak.reporting.report import aggregate
 
     def row(state, psnr):
         case = json.dumps({"dataset": "skimage", "model": "lenet", "batch_size": 1, "model_state": state})

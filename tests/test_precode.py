@@ -6,15 +6,15 @@ import pytest
 import torch
 
 import gleak
-from gleak.config import CaseConfig, TrialConfig, UtilityConfig
-from gleak.data import ImageDataset
+from gleak.contracts.config import CaseConfig, TrialConfig, UtilityConfig
+from gleak.contracts.plugin import Attack
+from gleak.contracts.wire import Reconstruction
 from gleak.defenses.precode import Precode, VariationalBottleneck, bottlenecks
-from gleak.models import create_model
-from gleak.plugin import Attack
-from gleak.protocol import batch_gradient
-from gleak.threat import Reconstruction
-from gleak.trial import execute
-from gleak.utility import federated_training
+from gleak.mechanics.data import ImageDataset
+from gleak.mechanics.models import create_model
+from gleak.mechanics.protocol import batch_gradient
+from gleak.orchestration.trial import execute
+from gleak.orchestration.utility import federated_training
 
 
 def _wrapped(seed=0, latent=8):
@@ -142,9 +142,9 @@ def test_a_trained_case_trains_the_bottleneck_with_the_model(tmp_path, monkeypat
     """model_state = "trained": the wrapped model is what is pretrained (the paper trains its models with PRECODE),
     under a cache key of its own: the bottleneck moves from its initialisation, the model classifies its training
     data well above chance, and the trial's id says so (another computation than the untrained insertion)."""
-    from gleak import pretrain
     from gleak.api import trial_config
-    from gleak.data import load_dataset
+    from gleak.mechanics import pretrain
+    from gleak.mechanics.data import load_dataset
 
     monkeypatch.setenv("GLEAK_CACHE", str(tmp_path))
     monkeypatch.setattr(pretrain, "_MEMORY", {})

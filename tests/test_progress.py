@@ -1,4 +1,4 @@
-"""Progress inside long trials (gleak.progress): the optimisation attacks report their iterations, and
+"""Progress inside long trials (gleak.mechanics.progress): the optimisation attacks report their iterations, and
 `gleak run --verbose` shows them on stderr, from the worker process that runs the trial."""
 import re
 import subprocess
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from gleak.api import trial_config
-from gleak.progress import line_printer, reporting
-from gleak.trial import run_trial
+from gleak.mechanics.progress import line_printer, reporting
+from gleak.orchestration.trial import run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = dict(dataset="skimage", model="mlp", model_params={"hidden": [16]}, resolution=8, batch_size=1)
@@ -49,7 +49,7 @@ def test_each_optimisation_attack_reports_every_iteration(attack, total, starts)
 
 
 def test_a_trial_reports_to_its_own_sink_only():
-    from gleak.progress import report
+    from gleak.mechanics.progress import report
 
     outer = []
     dlg = {"name": "dlg", "iterations": 2, "max_iter": 1, "restarts": 1}
@@ -80,7 +80,7 @@ def test_gleak_run_verbose_shows_a_dlg_trial_iterations_from_its_worker(tmp_path
     r = subprocess.run([*base, "--verbose", "--out", str(tmp_path / "v")], env=run_env, capture_output=True,
                        text=True, timeout=300, cwd=ROOT)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    from gleak.suite import load_suite
+    from gleak.orchestration.suite import load_suite
 
     tid = load_suite(suite).trials[0].trial_id[:12]
     shown = re.findall(rf"^gleak: trial {tid} dlg seed 0: iteration (\d+)/20, loss \S+$", r.stderr, re.M)
@@ -100,7 +100,7 @@ def test_gleak_run_without_verbose_shows_no_iterations(tmp_path, capfd):
 def test_line_printer_writes_at_least_every_few_seconds(capsys, monkeypatch):
     """Between two tenths of a long loop, a line whenever every_seconds have passed since the last one."""
     clock = iter(range(0, 10_000, 4))  # each iteration takes 4 s
-    monkeypatch.setattr("gleak.progress.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("gleak.mechanics.progress.time.monotonic", lambda: float(next(clock)))
     sink = line_printer("t", every_seconds=10.0)
     for s in range(1, 8):
         sink(s, 24_000, None)
@@ -113,13 +113,13 @@ class _FirstLine(Exception):
 
 
 def test_a_long_inverting_gradients_trial_prints_its_first_line_within_seconds(monkeypatch):
-    """The sink `gleak run --verbose` gives a trial (gleak.workers.progress_sink), on inverting gradients' paper
+    """The sink `gleak run --verbose` gives a trial (gleak.orchestration.workers.progress_sink), on inverting gradients' paper
     preset (24,000 iterations: on a real model a tenth of them takes minutes): its first line is iteration 1, within
     30 s (a generous bound for the 5 s aim) of the trial's start. The test stops the trial at that line."""
     import time
 
-    from gleak.trial import run_trial
-    from gleak.workers import TrialEnv, progress_sink
+    from gleak.orchestration.trial import run_trial
+    from gleak.orchestration.workers import TrialEnv, progress_sink
 
     cfg = trial_config({"name": "inverting-gradients", "preset": "paper"}, "none", **CASE)
 
@@ -147,7 +147,7 @@ def test_the_run_bar_moves_inside_a_trial_from_its_worker(tmp_path, gleak_cmd, r
     r = subprocess.run([*gleak_cmd, "run", str(suite), "--out", str(tmp_path / "b")], env=run_env, capture_output=True,
                        text=True, timeout=300, cwd=ROOT)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    from gleak.suite import load_suite
+    from gleak.orchestration.suite import load_suite
 
     tid = load_suite(suite).trials[0].trial_id[:8]
     shown = re.findall(rf"0/1 trials \[[^\]]*; trial {tid}: (\d+)/20 it\]", r.stderr)
@@ -157,10 +157,10 @@ def test_the_run_bar_moves_inside_a_trial_from_its_worker(tmp_path, gleak_cmd, r
 
 def test_the_bar_counts_a_running_trial_s_share_of_its_loop_in_the_time_left(monkeypatch):
     """One trial of a run, half of its 24,000 iterations done after 60 s: about 60 s left, not '?'."""
-    from gleak.runner import Progress
+    from gleak.orchestration.runner import Progress
 
     now = [0.0]
-    monkeypatch.setattr("gleak.runner.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("gleak.orchestration.runner.time.perf_counter", lambda: now[0])
     bar = Progress(1, 10.0, enabled=False)
     now[0] = 60.0
     bar.inside("abcdef0123456789", 10.0, 12_000, 24_000)

@@ -10,20 +10,20 @@ import pytest
 import torch
 
 import gleak
-from gleak import registry
-from gleak.config import CaseConfig, TrialConfig, UtilityConfig
-from gleak.data import ImageDataset
-from gleak.plugin import Attack
-from gleak.protocol import trial_setup
-from gleak.threat import Reconstruction
-from gleak.trial import execute, run_trial
+from gleak.contracts import registry
+from gleak.contracts.config import CaseConfig, TrialConfig, UtilityConfig
+from gleak.contracts.plugin import Attack
+from gleak.contracts.wire import Reconstruction
+from gleak.mechanics.data import ImageDataset
+from gleak.mechanics.protocol import trial_setup
+from gleak.orchestration.trial import execute, run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 # ---- trial ids ------------------------------------------------------------------------------------------------
 def _published_ids(path: Path) -> list[str] | None:
-    import gleak.suite as S
+    import gleak.orchestration.suite as S
 
     s = S.load_suite(path)
     out = ROOT / "results" / s.name / "results.csv"
@@ -35,7 +35,7 @@ def test_every_shipped_suite_keeps_the_trial_ids_of_its_published_results(monkey
     # run; the suite loaded by today's code must give exactly those ids (the data sets need not be here: their
     # checks are skipped). A folder not yet regenerated after a change that gave its trials new ids says so in its
     # STALE.md (why, and the command that regenerates it): it is listed, never silently passed.
-    import gleak.suite as S
+    import gleak.orchestration.suite as S
 
     monkeypatch.setattr(S, "_check_data", lambda *a, **k: None)
     monkeypatch.setattr(S, "_utility", lambda *a, **k: None)
@@ -107,8 +107,8 @@ def test_a_renamed_plugin_keeps_its_old_name_with_a_warning_and_its_trial_ids():
 
 
 def test_case_protocol_errors_name_the_key(tmp_path):
-    from gleak.errors import InputError
-    from gleak.suite import load_suite
+    from gleak.contracts.errors import InputError
+    from gleak.orchestration.suite import load_suite
 
     def suite(case: str, defense: str = 'name = "none"') -> Path:
         f = tmp_path / "s.toml"
@@ -215,7 +215,7 @@ def _image_ds(n, seed):
 def _rounds_and_engine(partition: str, secure_sum: str):
     """The same CGD utility run twice, on a toy set: through run_rounds (train_per_participant's models) and by the
     vectorised engine stepped as the plugin steps it. Returns (the rounds' models, the engine, the partition)."""
-    from gleak.config import derive_seed
+    from gleak.contracts.config import derive_seed
     from gleak.protocols.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout, step_size
     from gleak.protocols.cgd_utility import subset, train_per_participant
 
@@ -304,13 +304,13 @@ def test_defenses_compose_with_protocols():
 
 # ---- conformance of protocols -------------------------------------------------------------------------------------
 def test_a_protocol_with_a_broken_hook_fails_check_plugin(tmp_path):
-    from gleak.conformance import check_plugin
+    from gleak.orchestration.conformance import check_plugin
 
     f = tmp_path / "bad_protocol.py"
     f.write_text(textwrap.dedent('''
         import torch
         from gleak import register_protocol
-        from gleak.protocol import Protocol
+        from gleak.mechanics.protocol import Protocol
 
         @register_protocol("test-stuck-protocol")
         class Stuck(Protocol):
@@ -332,7 +332,7 @@ def test_a_protocol_with_a_broken_hook_fails_check_plugin(tmp_path):
 
 
 def test_server_lr_is_the_new_name_of_the_fedsgd_warm_up_step_with_the_same_trial_id():
-    from gleak.config import check_case_values
+    from gleak.contracts.config import check_case_values
 
     old = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(warmup_rounds=3, local_lr=0.01), 0)
     new = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(warmup_rounds=3, server_lr=0.01), 0)
@@ -348,8 +348,8 @@ def test_server_lr_is_the_new_name_of_the_fedsgd_warm_up_step_with_the_same_tria
 
 
 def test_a_protocol_named_by_the_case_trains_with_its_defense_in_utility_runs():
-    from gleak.registry import check_params
-    from gleak.utility import defense_configs, label, run_utility, utility_id
+    from gleak.contracts.registry import check_params
+    from gleak.orchestration.utility import defense_configs, label, run_utility, utility_id
 
     tiny = UtilityConfig(dataset="skimage", model="mlp", model_params={"hidden": [16]}, clients=2, training_rounds=3, batch_size=8)
     case = CaseConfig(protocol="cgd", protocol_params=check_params("protocol", "cgd", {"partition": "2x1"}))
@@ -372,7 +372,7 @@ def test_the_leaderboard_ranks_a_protocol_and_its_defense_as_one_defense():
 
     import pandas as pd
 
-    from gleak.report import protocol_pairs
+    from gleak.reporting.report import protocol_pairs
 
     df = pd.DataFrame({"defense": ["noise", "noise", "cgd"],
                        "case": [json.dumps(CaseConfig(protocol="cgd").to_dict()), json.dumps(CaseConfig().to_dict()),
@@ -384,8 +384,8 @@ def test_a_clients_forward_leaves_the_servers_and_the_observers_batchnorm_statis
     # A client computes on its own copy: its train-mode forward moves BatchNorm's running statistics there only.
     # Were it the shared module, the observer's copy would hold a share of the victim batch's statistics (which
     # GradInversion's BN prior reads) and the next client would compute at a model the server never sent.
-    from gleak.protocol import Schedule, run_rounds
-    from gleak.threat import ClientBatch
+    from gleak.contracts.wire import ClientBatch
+    from gleak.mechanics.protocol import Schedule, run_rounds
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),

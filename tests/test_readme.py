@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def plugin_blocks() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def plugin_files(tmp_path_factory) -> dict[str, tuple[Path, list]]:
     """The README's plugin blocks as files, each loaded once: name -> (path, the (kind, name) pairs it registered)."""
-    from gleak.registry import load_plugin_file
+    from gleak.contracts.registry import load_plugin_file
 
     folder = tmp_path_factory.mktemp("readme-plugins")
     out = {}
@@ -57,20 +58,43 @@ def test_no_internal_history_where_users_read():
     assert not hits, hits
 
 
-def test_the_readme_plugin_examples_pass_the_conformance_checks(plugin_files):
-    """An attack, a defense and a protocol, each as written in the README: loaded as a plugin file, every
-    conformance check of `gleak check-plugin` passes (run here in the test's process, as the checks' own code)."""
-    from gleak.conformance import check_plugin
+def test_the_readme_plugin_examples_pass_the_conformance_checks_in_a_users_own_pytest(tmp_path):
+    """An attack, a defense and a protocol, each as written in the README, beside a user's own test file that puts
+    gleak's checks in its pytest with gleak.testing.parametrize_with_checks: every check of every example is one
+    test and passes. A defense that mutates its input, in the same file, fails exactly its two checks."""
+    from gleak.orchestration.conformance import CHECK_NAMES
 
-    assert sorted(plugin_files) == ["my_attack.py", "my_defense.py", "my_protocol.py"]
-    kinds = []
-    for name, (_, pairs) in plugin_files.items():
-        assert len(pairs) == 1, pairs
-        kind, plugin = pairs[0]
-        kinds.append(kind)
-        failed = [(c.name, c.detail) for c in check_plugin(kind, plugin) if not c.passed]
-        assert not failed, (name, failed)
-    assert sorted(kinds) == ["attack", "defense", "protocol"]
+    blocks = plugin_blocks()
+    assert sorted(blocks) == ["my_attack.py", "my_defense.py", "my_protocol.py"]
+    for name, code in blocks.items():
+        (tmp_path / name).write_text(code)
+    (tmp_path / "test_mine.py").write_text(textwrap.dedent('''
+        import torch
+        from gleak import Defense, register_defense
+        from gleak.testing import parametrize_with_checks
+        from my_attack import MeanImage
+        from my_defense import ClipNorm
+        from my_protocol import MeanOnly
+
+        @register_defense("user-bad")
+        class Bad(Defense):
+            """Adds noise in place, from the global generator."""
+            def transform(self, update, rng):
+                for t in update:
+                    t.add_(torch.randn(t.shape, dtype=t.dtype))
+                return update
+
+        @parametrize_with_checks([MeanImage, ClipNorm, MeanOnly, ("defense", "user-bad")])
+        def test_gleak_conformance(plugin, check):
+            check(plugin)
+    '''))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", "test_mine.py"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+    out = done.stdout + done.stderr
+    expected = sum(len(CHECK_NAMES[k]) for k in ("attack", "defense", "protocol", "defense"))
+    failed = sorted(re.findall(r"FAILED test_mine.py::test_gleak_conformance\[(.*?)\]", out))
+    assert failed == ["defense:user-bad:deterministic-under-a-seed", "defense:user-bad:does-not-mutate-its-input"], out
+    assert re.search(rf"\b2 failed, {expected - 2} passed\b", out), out
 
 
 def test_the_readme_defense_passes_gleak_check_plugin(tmp_path):
@@ -90,7 +114,7 @@ def test_the_readme_plugins_reconstruct_and_defend_what_they_say(plugin_files, n
     import torch
 
     from gleak import create
-    from gleak.threat import Knowledge, Observation, Update
+    from gleak.contracts.wire import Knowledge, Observation, Update
 
     g = torch.Generator().manual_seed(0)
     if name == "my_attack.py":

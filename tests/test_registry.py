@@ -4,9 +4,9 @@ from importlib import metadata
 import pytest
 
 import gleak
-from gleak import registry
-from gleak.errors import InputError, UnknownPluginError
-from gleak.plugin import Attack
+from gleak.contracts import registry
+from gleak.contracts.errors import InputError, UnknownPluginError
+from gleak.contracts.plugin import Attack
 
 
 def test_builtins_listed_with_wildcards():
@@ -39,7 +39,7 @@ def test_params_validated_by_type_and_name():
 def test_a_stored_form_that_does_not_rebuild_its_configuration_is_refused():
     """identity_params may leave a parameter out of stored configs (and ids) only where the defaults restore it: the
     cgd protocol once dropped vertical = "literal", and every such stored trial rebuilt as the vfl default."""
-    from gleak.plugin import Defense
+    from gleak.contracts.plugin import Defense
 
     class Lossy(Defense):
         """Test defense whose stored form drops a non-default reading."""
@@ -76,8 +76,8 @@ def test_plugin_file_registers_and_broken_file_is_one_line(tmp_path):
     good = tmp_path / "myplug.py"
     good.write_text(textwrap.dedent('''
         from gleak import register_attack
-        from gleak.plugin import Attack
-        from gleak.threat import Reconstruction
+        from gleak.contracts.plugin import Attack
+        from gleak.contracts.wire import Reconstruction
 
         @register_attack("test-zero-attack")
         class Zero(Attack):

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gleak.figures import pareto_front
+from gleak.reporting.figures import pareto_front
+
 
 @pytest.fixture(scope="module")
 def out(utility_run):
@@ -168,10 +169,10 @@ ratio = 0.9
 def test_a_parameter_the_suite_sets_to_its_default_is_named_with_its_value(tmp_path):
     """topk's default ratio is 0.9: written in the suite file, the leaderboard says 'ratio=0.9', not '-' (also from
     the committed files alone: suite.json keeps what the file set)."""
-    from gleak.registry import plugin_info
-    from gleak.report import write_reports
-    from gleak.runner import run_suite
-    from gleak.suite import load_suite
+    from gleak.contracts.registry import plugin_info
+    from gleak.orchestration.runner import run_suite
+    from gleak.orchestration.suite import load_suite
+    from gleak.reporting.report import write_reports
 
     assert plugin_info("defense", "topk").defaults()["ratio"] == 0.9  # else this test tests nothing
     (tmp_path / "s.toml").write_text(PARAMS_SUITE)
@@ -193,8 +194,8 @@ def test_a_parameter_the_suite_sets_to_its_default_is_named_with_its_value(tmp_p
 def test_a_case_label_names_its_own_settings_that_change_what_is_computed():
     """From the case alone: defaults unnamed, a setting that does nothing in this case (training steps of an
     untrained model, a server step without warm-up rounds) unnamed, the protocol left to the defense's name."""
-    from gleak.aggregate import case_variant
-    from gleak.config import CaseConfig
+    from gleak.contracts.config import CaseConfig
+    from gleak.reporting.aggregate import case_variant
 
     base = CaseConfig(dataset="skimage", model="mlp").to_dict()
     assert case_variant(base) == "" and case_variant({**base, "resolution": None}) == ""

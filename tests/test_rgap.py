@@ -6,12 +6,12 @@ import torch
 from torch import nn
 
 import gleak
-from gleak.config import CaseConfig, TrialConfig
-from gleak.errors import UnsupportedCase
-from gleak.models import create_model
-from gleak.protocol import batch_gradient
-from gleak.threat import Knowledge, Observation, Update
-from gleak.trial import execute
+from gleak.contracts.config import CaseConfig, TrialConfig
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.wire import Knowledge, Observation, Update
+from gleak.mechanics.models import create_model
+from gleak.mechanics.protocol import batch_gradient
+from gleak.orchestration.trial import execute
 
 SEEDS = (0, 1, 2)
 

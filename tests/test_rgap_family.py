@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import gleak
-from gleak.models import create_model
+from gleak.mechanics.models import create_model
 
 
 def test_cnn6_is_the_reference_architecture():

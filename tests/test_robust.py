@@ -23,8 +23,8 @@ import time
 import torch
 
 from gleak import register_attack, register_defense
-from gleak.plugin import Attack, Defense
-from gleak.threat import Reconstruction
+from gleak.contracts.plugin import Attack, Defense
+from gleak.contracts.wire import Reconstruction
 
 
 @register_attack("crashy")
@@ -134,9 +134,9 @@ def test_each_crash_kind_is_its_trials_failure_and_the_others_finish(tmp_path, g
 
 def test_in_place_defense_was_recorded_wrongly_without_the_guard(tmp_path, monkeypatch):
     """The seam check is what catches it: with the guard bypassed, the same trial 'succeeds' with grad_dist 0."""
-    from gleak import trial
-    from gleak.registry import load_plugin_file
-    from gleak.suite import load_suite
+    from gleak.contracts.registry import load_plugin_file
+    from gleak.orchestration import trial
+    from gleak.orchestration.suite import load_suite
 
     plugin = tmp_path / "crashy.py"
     plugin.write_text(CRASHY)
@@ -145,7 +145,7 @@ def test_in_place_defense_was_recorded_wrongly_without_the_guard(tmp_path, monke
     cfg = load_suite(tmp_path / "s.toml").trials[0]
     row = trial.run_trial(cfg)
     assert row["status"] == "failed" and "in place" in row["error"]
-    from gleak import protocol
+    from gleak.mechanics import protocol
 
     monkeypatch.setattr(protocol, "unmodified", lambda send, d, u, *a: send(d, u, *a))
     row = trial.run_trial(cfg)
@@ -224,7 +224,7 @@ def test_gleak_deletes_its_own_stale_figure_but_not_a_users(tmp_path, capsys):
     assert _main(["run", str(tmp_path / "s.toml"), "--out", str(out), "--no-progress", "--in-process"], capsys)[0] == 0
     figs = sorted(p.name for p in (out / "figures").glob("*.png"))
     assert figs, "the run wrote a reconstruction figure"
-    from gleak import folder
+    from gleak.orchestration import output_folder as folder
 
     m = folder.Manifest.load(out)
     stale = out / "figures" / "strength_gone_sigma.png"
@@ -314,7 +314,7 @@ def test_a_store_that_is_not_gleaks_is_refused_and_left_untouched(tmp_path, caps
             elif content == "other-tables":
                 con.execute("CREATE TABLE customers (name TEXT)")
             elif content == "newer":
-                from gleak.store import APPLICATION_ID, SCHEMA_VERSION
+                from gleak.orchestration.store import APPLICATION_ID, SCHEMA_VERSION
 
                 con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 con.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
@@ -388,7 +388,7 @@ def test_a_plugin_init_raising_anything_is_one_line(tmp_path, capsys):
     plugin = tmp_path / "p.py"
     plugin.write_text(textwrap.dedent('''
         from gleak import register_attack
-        from gleak.plugin import Attack
+        from gleak.contracts.plugin import Attack
 
         @register_attack("init-fails")
         class InitFails(Attack):
@@ -446,8 +446,8 @@ def test_check_plugin_reports_broken_plugins_and_never_hangs(tmp_path, gleak_cmd
         import time
         import torch
         from gleak import register_attack
-        from gleak.plugin import Attack
-        from gleak.threat import Reconstruction
+        from gleak.contracts.plugin import Attack
+        from gleak.contracts.wire import Reconstruction
 
         @register_attack("returns-none")
         class ReturnsNone(Attack):
@@ -480,8 +480,8 @@ def test_check_plugin_reports_broken_plugins_and_never_hangs(tmp_path, gleak_cmd
 def test_the_shipped_results_folders_are_gleaks(tmp_path):
     """A fresh clone has results/* without a store (gitignored) but with the manifest committed: `gleak run` may
     write there, and the manifest lists exactly the files gleak writes (nothing else in the folder is touched)."""
-    from gleak import folder
-    from gleak.store import check_store
+    from gleak.orchestration import output_folder as folder
+    from gleak.orchestration.store import check_store
 
     root = Path(__file__).resolve().parent.parent / "results"
     shipped = [d for d in sorted(root.iterdir()) if d.is_dir()]
@@ -499,7 +499,7 @@ def test_the_shipped_results_folders_are_gleaks(tmp_path):
 
 LABELLED = '''
 from gleak import register_defense
-from gleak.plugin import Defense
+from gleak.contracts.plugin import Defense
 
 
 @register_defense("labelled")

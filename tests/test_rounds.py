@@ -5,12 +5,12 @@ import pytest
 import torch
 
 import gleak
-from gleak.config import CaseConfig, TrialConfig
-from gleak.plugin import Attack, Defense
-from gleak.protocol import server_step
-from gleak.registry import register_attack, register_defense
-from gleak.threat import Reconstruction, Update
-from gleak.trial import execute
+from gleak.contracts.config import CaseConfig, TrialConfig
+from gleak.contracts.plugin import Attack, Defense
+from gleak.contracts.registry import register_attack, register_defense
+from gleak.contracts.wire import Reconstruction, Update
+from gleak.mechanics.protocol import server_step
+from gleak.orchestration.trial import execute
 
 CALLS: list[tuple[str, int]] = []
 SEEN: list = []
@@ -62,9 +62,9 @@ def test_the_old_spellings_of_the_rounds_keys_give_the_same_trials_and_runs(tmp_
     """`rounds` in [case] is warmup_rounds, in [utility] training_rounds (issue 12: one meaning per name): the old
     spelling expands to the same trial ids and utility config (stored under the old key, so ids never moved), and
     giving both spellings is one error naming the key."""
-    from gleak.errors import InputError
-    from gleak.suite import load_suite
-    from gleak.utility import utility_id
+    from gleak.contracts.errors import InputError
+    from gleak.orchestration.suite import load_suite
+    from gleak.orchestration.utility import utility_id
 
     body = """[suite]\nname = "t"\nseeds = 1\n[case]\ndataset = "skimage"\nresolution = 8\n{case}\n[[attack]]\nname = "closed-form"
 [[defense]]\nname = "none"\n[utility]\ndataset = "skimage"\nresolution = 8\nclients = 2\nbatch_size = 4\n{utility}\n"""
@@ -89,10 +89,10 @@ def test_the_utility_step_sizes_have_one_name_each_and_reach_the_step_they_name(
     one error naming the key; each name changes the training it names."""
     import dataclasses
 
-    from gleak.config import UtilityConfig
-    from gleak.errors import InputError
-    from gleak.suite import load_suite
-    from gleak.utility import run_utility, utility_id
+    from gleak.contracts.config import UtilityConfig
+    from gleak.contracts.errors import InputError
+    from gleak.orchestration.suite import load_suite
+    from gleak.orchestration.utility import run_utility, utility_id
 
     body = """[suite]\nname = "t"\nseeds = 1\n[case]\ndataset = "skimage"\nresolution = 8\n[[attack]]\nname = "closed-form"
 [[defense]]\nname = "none"\n[utility]\ndataset = "skimage"\nresolution = 8\nclients = 2\nbatch_size = 4\n{utility}\n"""
@@ -145,8 +145,8 @@ def test_server_step_applies_the_mean_of_what_was_sent():
 
 
 def test_error_feedback_reaches_the_attacked_round():
-    from gleak.protocol import fedsgd_update
-    from gleak.trial import draw_batches, load_case_data
+    from gleak.mechanics.protocol import fedsgd_update
+    from gleak.orchestration.trial import draw_batches, load_case_data
 
     case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=1, warmup_rounds=3, local_lr=0.01)
     for ef in (True, False):

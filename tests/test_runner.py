@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from gleak.runner import estimated_costs, longest_first, run_suite
-from gleak.suite import load_suite
+from gleak.orchestration.runner import estimated_costs, longest_first, run_suite
+from gleak.orchestration.suite import load_suite
 
 SCALE = """
 [suite]
@@ -203,8 +203,8 @@ from pathlib import Path
 import torch
 
 from gleak import register_attack
-from gleak.plugin import Attack
-from gleak.threat import Reconstruction
+from gleak.contracts.plugin import Attack
+from gleak.contracts.wire import Reconstruction
 
 
 @register_attack("faulty")
@@ -377,8 +377,8 @@ def test_cost_estimates_order_long_trials_first(tmp_path, monkeypatch):
     order = longest_first(trials, costs)
     assert [costs[t.trial_id] for t in order] == sorted(costs.values(), reverse=True)
 
-    from gleak.plugin import Plugin
-    from gleak.registry import plugin_info
+    from gleak.contracts.plugin import Plugin
+    from gleak.contracts.registry import plugin_info
 
     ClosedForm = plugin_info("attack", "closed-form").obj
 

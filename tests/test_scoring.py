@@ -6,8 +6,15 @@ import pandas as pd
 import pytest
 import torch
 
-from gleak import metrics
-from gleak.report import aggregate, attack_ranking, competition_rank, defense_ranking, leaderboard_document, render_markdown
+from gleak.mechanics import metrics
+from gleak.reporting.report import (
+    aggregate,
+    attack_ranking,
+    competition_rank,
+    defense_ranking,
+    leaderboard_document,
+    render_markdown,
+)
 
 
 def _batch(seed, n=4, side=8):
@@ -171,8 +178,8 @@ def test_dlg_returns_its_best_restart(monkeypatch):
     """Every start runs (stop_below 0) and the one with the lowest final gradient distance is returned."""
     import gleak
     from gleak.attacks import dlg as dlg_module
-    from gleak.config import CaseConfig, TrialConfig
-    from gleak.trial import execute
+    from gleak.contracts.config import CaseConfig, TrialConfig
+    from gleak.orchestration.trial import execute
 
     seen = []
     one = dlg_module.DLG._one_start
@@ -189,13 +196,13 @@ def test_dlg_returns_its_best_restart(monkeypatch):
     assert len(seen) == 4 and s["extra"]["restarts_run"] == 4
     assert s["extra"]["match_loss"] == min(seen) and s["extra"]["restart"] == seen.index(min(seen))
     assert len(set(seen)) == 4  # the starts differ (fresh dummies each)
-    cost = gleak.registry.plugin_info("attack", "dlg").obj.estimated_cost
+    cost = gleak.contracts.registry.plugin_info("attack", "dlg").obj.estimated_cost
     assert cost({"iterations": 300, "batch_restarts": "loop"}, case) == 300 * 20 * 16  # up to max_iter evaluations a step
 
 
 def test_inverting_gradients_says_when_its_budget_is_cut(capsys):
     import gleak
-    from gleak.report import leaderboard_notes
+    from gleak.reporting.report import leaderboard_notes
 
     gleak.create("attack", "inverting-gradients", preset="code", iterations=100)
     gleak.create("attack", "inverting-gradients", preset="code", iterations=100)
@@ -208,9 +215,9 @@ def test_inverting_gradients_says_when_its_budget_is_cut(capsys):
 
 
 def test_trained_models_are_attacked_on_images_they_never_saw():
-    from gleak.config import CaseConfig, TrialConfig
-    from gleak.data import load_dataset
-    from gleak.trial import execute
+    from gleak.contracts.config import CaseConfig, TrialConfig
+    from gleak.mechanics.data import load_dataset
+    from gleak.orchestration.trial import execute
 
     case = CaseConfig(dataset="skimage", model="mlp", model_params={"hidden": [16]}, batch_size=4, model_state="trained",
                       train_steps=2, train_batch_size=8)  # fmt: skip
@@ -227,7 +234,7 @@ def test_trained_trials_have_ids_of_their_own_since_their_victims_are_held_out()
     # store never hands back a row computed under the old rule.
     import dataclasses
 
-    from gleak.config import CaseConfig, TrialConfig
+    from gleak.contracts.config import CaseConfig, TrialConfig
 
     trained = TrialConfig("t", "closed-form", {}, "none", {}, CaseConfig(model_state="trained"), 0)
     assert trained.identity()["victims"] == "held-out"
@@ -239,7 +246,7 @@ def test_trained_trials_have_ids_of_their_own_since_their_victims_are_held_out()
 def test_half_a_batch_recovered_exactly_is_a_leak_and_a_quarter_is_not(seed):
     # The imprint's case: some images exact, the others far off. The batch's mean MSE is that of the images it
     # missed; the verdict reads the MSE that at least half of the images reach.
-    from gleak.metrics import score
+    from gleak.mechanics.metrics import score
 
     g = torch.Generator().manual_seed(seed)
     truth = torch.rand(8, 3, 8, 8, generator=g)

@@ -1,12 +1,20 @@
-"""Additive secret sharing over Z_2^32 (gleak.secret_sharing): exactness, overflow, and what colluders see."""
+"""Additive secret sharing over Z_2^32 (gleak.mechanics.secret_sharing): exactness, overflow, and what colluders see."""
 import itertools
 
 import pytest
 import torch
 from scipy.stats import chi2_contingency, chisquare
 
-from gleak.secret_sharing import (
-    MODULUS, EncodingOverflow, FixedPoint, fixed_point_sum, reconstruct, run_protocol, secure_sum, share, sum_encoded,
+from gleak.mechanics.secret_sharing import (
+    MODULUS,
+    EncodingOverflow,
+    FixedPoint,
+    fixed_point_sum,
+    reconstruct,
+    run_protocol,
+    secure_sum,
+    share,
+    sum_encoded,
 )  # fmt: skip
 
 

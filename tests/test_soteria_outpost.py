@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import gleak
-from gleak.models import create_model
-from gleak.protocol import batch_gradient
 from gleak.defenses.outpost import layer_risk
 from gleak.defenses.soteria import Soteria
+from gleak.mechanics.models import create_model
+from gleak.mechanics.protocol import batch_gradient
 
 
 def _mlp(seed, hidden=24, dtype=torch.float64, activation="relu"):

@@ -11,15 +11,15 @@ import torch
 pytest.importorskip("tokenizers")
 pytest.importorskip("rouge_score")
 
-from gleak.config import CaseConfig, TrialConfig  # noqa: E402
-from gleak.vocabulary import FORTUNE_TOPICS, FORTUNES_DIR  # noqa: E402
+from gleak.contracts.config import CaseConfig, TrialConfig  # noqa: E402
+from gleak.contracts.vocabulary import FORTUNE_TOPICS, FORTUNES_DIR  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not all((FORTUNES_DIR / t).is_file() for t in FORTUNE_TOPICS),
                                 reason="Debian's fortunes is not installed (apt-get install -y fortunes)")  # fmt: skip
 
 
 def _trial(attack, params=None, defense="none", dparams=None, seed=0, **case):
-    from gleak.trial import run_trial
+    from gleak.orchestration.trial import run_trial
 
     c = CaseConfig(**{"dataset": "fortunes", "model": "text-classifier", "seq_len": 16, **case})
     row = run_trial(TrialConfig("text", attack, params or {}, defense, dparams or {}, c, seed))
@@ -28,8 +28,8 @@ def _trial(attack, params=None, defense="none", dparams=None, seed=0, **case):
 
 
 def test_the_vocabulary_and_split_are_deterministic_and_built_from_the_training_split_only():
-    from gleak import vocabulary as v
-    from gleak.textdata import load_text_dataset
+    from gleak.contracts import vocabulary as v
+    from gleak.mechanics.text.data import load_text_dataset
 
     items, vocab = v.corpus("fortunes", None, 500)
     v.corpus.cache_clear()
@@ -58,8 +58,8 @@ def test_the_vocabulary_hash_is_in_the_trial_id_and_image_ids_do_not_see_the_tex
 
 
 def test_a_missing_corpus_says_which_package_to_install(tmp_path):
-    from gleak.errors import DatasetMissing
-    from gleak.textdata import load_text_dataset
+    from gleak.contracts.errors import DatasetMissing
+    from gleak.mechanics.text.data import load_text_dataset
 
     with pytest.raises(DatasetMissing, match=r"apt-get install -y fortunes"):
         load_text_dataset("fortunes", root=str(tmp_path))
@@ -99,7 +99,7 @@ def test_tag_degrades_under_a_strong_defense():
 
 
 def test_text_scores_of_the_truth_and_of_a_shuffle():
-    from gleak.textmetrics import text_scores
+    from gleak.mechanics.text.metrics import text_scores
 
     vocab = [str(i) for i in range(20)]
     truth = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
@@ -115,8 +115,8 @@ def test_text_scores_of_the_truth_and_of_a_shuffle():
 
 def test_the_language_model_trains_by_pretraining_on_next_tokens(tmp_path, monkeypatch):
     monkeypatch.setenv("GLEAK_CACHE", str(tmp_path))  # trained here, not read from an earlier run's cache
-    from gleak.modality import modality_of
-    from gleak.pretrain import build_model
+    from gleak.mechanics.modality import modality_of
+    from gleak.mechanics.pretrain import build_model
 
     case = CaseConfig(dataset="fortunes", model="text-lm", seq_len=16, model_state="trained", train_steps=30, train_lr=0.1)
     ds = modality_of(case).load(case, "train")
@@ -126,8 +126,8 @@ def test_the_language_model_trains_by_pretraining_on_next_tokens(tmp_path, monke
 
 
 def test_a_text_case_with_an_image_model_or_image_keys_is_refused_by_the_suite(tmp_path):
-    from gleak.errors import InputError
-    from gleak.suite import load_suite
+    from gleak.contracts.errors import InputError
+    from gleak.orchestration.suite import load_suite
 
     for case, key in (('dataset = "fortunes"\nmodel = "mlp"', "model"), ('dataset = "fortunes"\nmodel = "text-classifier"\nresolution = 8', "resolution"),
                       ('model = "mlp"\nseq_len = 16', "seq_len")):  # fmt: skip
@@ -157,8 +157,8 @@ def test_a_text_sweep_draws_rouge_against_the_defense_strength(tmp_path):
     """The strength figure of a text suite draws each attack's worst-case ROUGE-1 against the defense parameter
     (the text analogue of the worst-case PSNR), and its caption says so."""
     import gleak
-    from gleak.documents.text import worst_rouge_per_config
-    from gleak.report import _load
+    from gleak.reporting.documents.text import worst_rouge_per_config
+    from gleak.reporting.report import _load
 
     f = tmp_path / "t.toml"
     f.write_text('[suite]\nname = "t"\nseeds = [0, 1]\n[case]\ndataset = "fortunes"\nmodel = "text-classifier"\nseq_len = 16\n'
@@ -213,14 +213,14 @@ def test_tag_recovers_the_text_in_its_order_from_the_causal_language_model():
 def test_every_built_in_defense_runs_on_a_text_batch_or_says_it_does_not_apply():
     """A defense written for images (ATS's transforms, Soteria's derivative in the input pixels) is not applicable
     to token ids, with its reason; it never fails the trial with torch's own error. The others run."""
-    from gleak import registry
+    from gleak.contracts import registry
 
     statuses = {}
     builtins = {n for n in registry.list_plugins("defense") if registry.plugin_info("defense", n).obj.__module__.startswith("gleak.")}
     for name in sorted(builtins):  # the built-ins only: other tests register misbehaving defenses in this process
         if name in ("cgd", "local-training", "secure-aggregation"):  # protocols, tested as protocols
             continue
-        from gleak.trial import run_trial
+        from gleak.orchestration.trial import run_trial
 
         c = CaseConfig(dataset="fortunes", model="text-classifier", seq_len=16)
         row = run_trial(TrialConfig("text", "token-set", {}, name, {}, c, 0))
@@ -235,8 +235,8 @@ def test_an_empty_token_set_falls_back_to_the_whole_vocabulary_and_tag_through_d
     """DGP zeroes every row of the embedding's gradient: no token set to read. TAG then searches every token but
     padding, says so in the row (token_set_fallback), and the trial is scored rather than not applicable."""
     from gleak.attacks.token_set import search_vocabulary
-    from gleak.textmodels import text_classifier
-    from gleak.threat import Update
+    from gleak.contracts.wire import Update
+    from gleak.mechanics.text.models import text_classifier
 
     model = text_classifier((4, 10), 2)
     zero = Update({n: torch.zeros_like(p) for n, p in model.named_parameters()})

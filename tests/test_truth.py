@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import gleak
-from gleak.config import generator
-from gleak.conformance import check_plugin
+from gleak.contracts.config import generator
+from gleak.contracts.wire import ClientBatch
 from gleak.defenses.ats import ATS, crop_flip, crop_padding
-from gleak.reconstructions import rescore_rows, unpack
-from gleak.threat import ClientBatch
-from gleak.trial import sent_batch
+from gleak.orchestration.conformance import check_plugin
+from gleak.orchestration.reconstructions import rescore_rows, unpack
+from gleak.orchestration.trial import sent_batch
 
 ATS_HYBRID = {"name": "ats", "policy": "3-1-7+43-18-18"}
 
@@ -34,8 +34,8 @@ def test_a_transforming_defense_is_scored_against_what_was_sent():
         assert {"mse_original", "ssim_original"} <= set(e) and e["ssim_original"] < res.row["ssim"]
         # the truth kept is ATS's transform of the victim's batch under the client's own generator
         victim = res.config
-        ds = gleak.trial.load_case_data(victim)
-        batch = gleak.trial.draw_batches(ds, victim, torch.float32)[0]
+        ds = gleak.orchestration.trial.load_case_data(victim)
+        batch = gleak.orchestration.trial.draw_batches(ds, victim, torch.float32)[0]
         d = ATS(policy=ATS_HYBRID["policy"])
         d.bind_data(ds.mean, ds.std)
         want = ClientBatch(d.transform_batch(batch.x, generator(seed, "client/0")), batch.y, ds.mean, ds.std).images()
@@ -95,8 +95,8 @@ def test_crop_flip_is_torchvisions_random_crop_and_flip():
 
 BAD = '''
 from gleak import register_defense
-from gleak.plugin import Defense
-from gleak.protocol import batch_gradient
+from gleak.contracts.plugin import Defense
+from gleak.mechanics.protocol import batch_gradient
 
 
 @register_defense("test-undeclared-flip")
@@ -129,7 +129,7 @@ class Declared(Defense):
 
 
 def test_check_plugin_fails_an_undeclared_or_misdeclared_input_transform(tmp_path):
-    from gleak.registry import load_plugin_file
+    from gleak.contracts.registry import load_plugin_file
 
     f = tmp_path / "flips.py"
     f.write_text(textwrap.dedent(BAD))

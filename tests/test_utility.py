@@ -1,4 +1,4 @@
-"""Utility runs: federated training under a defense, against the same training without it (gleak.utility)."""
+"""Utility runs: federated training under a defense, against the same training without it (gleak.orchestration.utility)."""
 import csv
 import dataclasses
 import json
@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import gleak
-from gleak.config import UtilityConfig
-from gleak.data import FASHION_MNIST_DEFAULT
-from gleak.errors import InputError
-from gleak.plugin import Defense
-from gleak.protocol import Protocol as BaseProtocol
-from gleak.suite import load_suite
-from gleak.utility import federated_training, load_utility_data, run_utility, utility_setup
+from gleak.contracts.config import UtilityConfig
+from gleak.contracts.errors import InputError
+from gleak.contracts.plugin import Defense
+from gleak.mechanics.data import FASHION_MNIST_DEFAULT
+from gleak.mechanics.protocol import Protocol as BaseProtocol
+from gleak.orchestration.suite import load_suite
+from gleak.orchestration.utility import federated_training, load_utility_data, run_utility, utility_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_FMNIST = (FASHION_MNIST_DEFAULT / "train-images-idx3-ubyte.gz").is_file()
@@ -97,7 +97,7 @@ def test_a_utility_worker_that_dies_is_a_failed_row_and_the_run_goes_on():
     from concurrent.futures import Future
     from concurrent.futures.process import BrokenProcessPool
 
-    from gleak.utility import _result_or_failed
+    from gleak.orchestration.utility import _result_or_failed
 
     fut = Future()
     fut.set_exception(BrokenProcessPool("gone"))
@@ -210,7 +210,7 @@ def test_utility_csv_contract_cache_and_resume(utility_run, tmp_path, capsys):
     con.execute("DELETE FROM utility WHERE utility_id = ?", (victim,))  # as if the run had been interrupted there
     con.commit()
     con.close()
-    from gleak.runner import run_suite
+    from gleak.orchestration.runner import run_suite
 
     summary = run_suite(load_suite(suite), out, progress=False)  # in-process: the CLI path ran in the fixture
     assert summary.exit_code == 0 and summary.ran == 0

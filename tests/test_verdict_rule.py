@@ -1,4 +1,4 @@
-"""One verdict per trial (gleak.metrics.trial_verdict): the trial judges by its suite's rule and stores the rule with
+"""One verdict per trial (gleak.mechanics.metrics.trial_verdict): the trial judges by its suite's rule and stores the rule with
 the verdict, `gleak rescore` keeps it, the leaderboard reads it; the published verdicts follow that one function."""
 import dataclasses
 import json
@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from gleak import metrics
-from gleak.metrics import trial_verdict, verdict
+from gleak.mechanics import metrics
+from gleak.mechanics.metrics import trial_verdict, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def _cfg():
 
 
 def test_a_trial_judges_by_its_suites_rule_and_stores_it():
-    from gleak.trial import run_trial
+    from gleak.orchestration.trial import run_trial
 
     rows = {rule: run_trial(dataclasses.replace(_cfg(), verdict=rule)) for rule in metrics.VERDICT_RULES}
     assert rows["margin"]["trial_id"] == rows["seed002"]["trial_id"]  # the rule judges, it computes nothing
@@ -58,7 +58,7 @@ def test_a_trial_judges_by_its_suites_rule_and_stores_it():
 
 
 def test_a_suite_gives_its_rule_to_every_trial_and_keeps_their_ids(tmp_path):
-    from gleak.suite import load_suite
+    from gleak.orchestration.suite import load_suite
 
     text = (ROOT / "suites" / "closed-form-sweep.toml").read_text()
     s = load_suite(ROOT / "suites" / "closed-form-sweep.toml")
@@ -68,7 +68,7 @@ def test_a_suite_gives_its_rule_to_every_trial_and_keeps_their_ids(tmp_path):
     m = load_suite(other)
     assert {t.verdict for t in m.trials} == {"margin"}
     assert [t.trial_id for t in m.trials] == [t.trial_id for t in s.trials]
-    from gleak.config import TrialConfig
+    from gleak.contracts.config import TrialConfig
 
     t = s.trials[0]
     assert TrialConfig.from_json(t.to_json()) == t  # what a worker receives keeps the rule
@@ -76,14 +76,14 @@ def test_a_suite_gives_its_rule_to_every_trial_and_keeps_their_ids(tmp_path):
 
 def _blob(mse_rec: float = 0.015, mse_blind: float = 0.05):
     """One 8x8 grey image at 0.5, a reconstruction off by sqrt(mse_rec) and a blind guess off by sqrt(mse_blind)."""
-    from gleak.reconstructions import pack
+    from gleak.orchestration.reconstructions import pack
 
     truth = torch.full((1, 1, 8, 8), 0.5)
     return pack(truth, torch.tensor([3]), truth + mse_rec**0.5, None, truth + mse_blind**0.5)
 
 
 def test_rescore_keeps_the_rule_stored_with_the_row():
-    from gleak.reconstructions import rescore_rows
+    from gleak.orchestration.reconstructions import rescore_rows
 
     kept = rescore_rows([("a", _blob(), json.dumps({"verdict_rule": "seed002"}))], ["verdict"], rule="margin")
     (_, cols, extra), = kept
@@ -103,7 +103,7 @@ def _row(**kw):
 
 
 def test_the_report_reads_a_verdict_stored_under_its_rule_and_judges_others_by_the_same_function():
-    from gleak.report import apply_verdicts
+    from gleak.reporting.report import apply_verdicts
 
     df = pd.DataFrame([_row(), _row(verdict="defended"), _row(extra=json.dumps({"blind_mse": 0.05, "half_mse": 0.015}))])
     # row 1: stored by the trial under seed002 (its full arrays): read as stored, even where the numbers say otherwise
@@ -115,8 +115,8 @@ def test_the_report_reads_a_verdict_stored_under_its_rule_and_judges_others_by_t
 def test_every_published_verdict_is_the_one_verdict_function_of_its_row(folder):
     """Each committed row's verdict is trial_verdict of its stored numbers under its suite's rule, and the committed
     leaderboard.csv (rank, worst attack, PSNR, verdict) rebuilds from results.csv as published."""
-    from gleak import report
-    from gleak.textmetrics import text_verdict
+    from gleak.mechanics.text.metrics import text_verdict
+    from gleak.reporting import report
 
     d = ROOT / "results" / folder
     data = report._load_committed(d)
@@ -126,7 +126,7 @@ def test_every_published_verdict_is_the_one_verdict_function_of_its_row(folder):
         e = json.loads(r.extra) if isinstance(r.extra, str) and r.extra else {}
         if r.status != "ok":
             mine = None
-        elif e.get("verdict_rule") == "text":  # a text trial: its ROUGE bands (gleak.textmetrics)
+        elif e.get("verdict_rule") == "text":  # a text trial: its ROUGE bands (gleak.mechanics.text.metrics)
             mine = text_verdict(e["rouge1"], e["rougeL"], e["blind_rouge1"])
         else:
             mine = trial_verdict(r.mse, e.get("half_mse"), e.get("blind_mse"), r.matched, r.batch_size, rule)

@@ -1,7 +1,7 @@
 """`gleak show` and `gleak compare` as a user meets them (subprocess: exit codes and output are the user's)."""
 import json
-import shutil
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -52,7 +52,7 @@ def test_show_a_plugin_from_a_file(tmp_path, gleak_cmd, run_env):
     f.write_text('''
 from typing import Literal
 from gleak import register_attack
-from gleak.plugin import Attack
+from gleak.contracts.plugin import Attack
 
 @register_attack("mine")
 class Mine(Attack):
@@ -242,7 +242,7 @@ def test_a_rerun_with_every_trial_stored_leaves_the_published_folder_byte_identi
 
     committed = digests()
     # The reports as this code writes them (the committed ones are redrawn at each release: `gleak leaderboard`)
-    from gleak.report import write_folder_reports as write_reports
+    from gleak.reporting.report import write_folder_reports as write_reports
 
     write_reports(out)
     before = digests()

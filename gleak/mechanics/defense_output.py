@@ -1,0 +1,58 @@
+"""Run-time checks of what plugins hand back, at the trial's seam between the defense and the wire.
+
+Validation at load time cannot see what a plugin does when it runs. Two contract breaches would otherwise be
+recorded as results: a defense that modifies the update it is given in place (the plain update the trial compares
+against is then the defended one: grad_dist 0.0 instead of the true distance), and an `extra` that is not JSON
+(it cannot be stored). Each is this trial's failure, with the reason (PluginContractError), never a crash or a
+wrong number. `gleak check-plugin` uses the same functions, so a plugin fails there first.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Sequence, TypeVar
+
+import torch
+
+from gleak.contracts.errors import PluginContractError
+
+T = TypeVar("T")
+
+
+def _snapshot(updates: Sequence[Any]) -> list[dict[str, torch.Tensor]]:
+    return [{k: v.detach().clone() for k, v in u.tensors.items()} for u in updates]
+
+
+def _changed(before: dict[str, torch.Tensor], after: Any) -> str | None:
+    if list(before) != list(after.tensors):
+        return "its tensors were replaced"
+    for k, v in before.items():
+        if not torch.equal(v, after.tensors[k]):
+            return f"tensor {k!r} changed"
+    return None
+
+
+def unmodified(send: Callable[..., T], defenses: Sequence[Any], updates: Sequence[Any], *args: Any) -> T:
+    """send(defenses, updates, *args) (gleak.mechanics.protocol.send_round / transmit), then check that no client's update was
+    modified in place by its defense; PluginContractError names the defense and the tensor."""
+    before = _snapshot(updates)
+    out = send(defenses, updates, *args)
+    for i, (b, u) in enumerate(zip(before, updates)):
+        what = _changed(b, u)
+        if what:
+            name = getattr(defenses[i] if i < len(defenses) else defenses[0], "registered_name", "") or type(defenses[0]).__name__
+            raise PluginContractError(
+                f"defense {name!r} modified client {i}'s update in place ({what}); transform must return a new Update"
+            )
+    return out
+
+
+def extra_json(extra: Any, who: str = "the attack") -> str:
+    """`extra` as the JSON text the store holds; PluginContractError when it is not a JSON object of plain values."""
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, dict):
+        raise PluginContractError(f"{who}'s extra must be a dict, got {type(extra).__name__}")
+    try:
+        return json.dumps(extra, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise PluginContractError(f"{who}'s extra is not JSON: {exc}") from None

@@ -1,0 +1,88 @@
+"""What every kind's checks share: the check names per kind, the standard cases, a check's result, and the
+checks of a plugin's metadata (docstring, parameters)."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from gleak.contracts import registry
+from gleak.contracts.config import CaseConfig
+from gleak.contracts.plugin import Plugin
+
+CHECK_NAMES = {
+    "attack": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
+               "needs names known knowledge", "unsupported cases raise UnsupportedCase only", "supports a standard case",
+               "output shapes and dtypes", "deterministic under a seed", "does not mutate the observation",
+               "extra is JSON", "prepare does not modify the model in place", "models change only through the hooks"],
+    "defense": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
+                "layout and dtype preserved", "deterministic under a seed", "does not mutate its input",
+                "finite on zero and tiny updates", "client gradient well formed", "no round hooks",
+                "declares the inputs it trains on"],
+    "protocol": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
+                 "client models", "client update well formed", "observer view well formed", "observer model",
+                 "server step moves the models", "rounds run deterministically", "trains for utility"],
+    "model": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
+              "builds for a case", "forward shape", "parameter names", "deterministic under a seed",
+              "a trial runs on it"],
+}  # fmt: skip
+# Methods of a Protocol that a Defense no longer has: defining one on a defense is a mistake the trial would ignore.
+ROUND_HOOKS = ("observe", "client_models", "observed_rounds", "next_models", "observer_model", "train_utility", "server_step")
+
+# Standard cases an attack is tried on; it must support at least one and fail cleanly on the others.
+CASES = (
+    CaseConfig(dataset="skimage", model="mlp", resolution=16, batch_size=1),
+    CaseConfig(dataset="skimage", model="lenet", resolution=16, batch_size=1),
+    CaseConfig(dataset="skimage", model="mlp", resolution=16, batch_size=2),
+)
+# The standard cases of a text attack (its class sets `modality = "text"`): the text classifier on short sequences.
+TEXT_CASES = (
+    CaseConfig(dataset="fortunes", model="text-classifier", seq_len=8, batch_size=1),
+    CaseConfig(dataset="fortunes", model="text-classifier", seq_len=8, batch_size=2),
+)
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+def _tensors_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _own_doc(obj: Any) -> Check:
+    """The plugin's own docstring: a class that has none inherits its base's, which describes no paper."""
+    own = obj.__doc__ if not inspect.isclass(obj) or "__doc__" in vars(obj) else None
+    bases = {c.__doc__ for c in getattr(obj, "__mro__", ())[1:] if issubclass(c, Plugin) or c is Plugin}
+    ok = bool(own and own.strip()) and own not in bases
+    return Check("own docstring", ok, "" if ok else "the class has no docstring of its own (only its base class's)")
+
+
+def _meta_checks(kind: str, name: str) -> list[Check]:
+    info = registry.plugin_info(kind, name)
+    out = [_own_doc(info.obj), Check("docstring summary", bool(info.summary), info.summary or "the class has no docstring")]
+    reserved = registry._registry(kind).reserved  # a model's input_shape and num_classes come from the case
+    params = [p for p in info.params.values() if p.name not in reserved]
+    required = [p.name for p in params if p.default is inspect.Parameter.empty]
+    out.append(Check("parameters have defaults", not required, ", ".join(required)))
+    untyped = [p.name for p in params if p.annotation is Any]
+    out.append(Check("parameters are typed", not untyped, ", ".join(untyped)))
+    return out
+
+
+def _run(check: str, fn: Callable[[], str]) -> Check:
+    """A check whose body returns a problem ('' when none); an exception is a failure naming it."""
+    try:
+        problem = fn()
+    except Exception as exc:  # noqa: BLE001 - a broken hook is what this finds
+        problem = f"{type(exc).__name__}: {exc}"
+    return Check(check, not problem, problem)

@@ -1,0 +1,45 @@
+"""A trial's reconstruction as a PNG (PIL, cheap enough to write from every trial): the true batch above, the
+reconstruction below."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from torch import Tensor
+
+from gleak.mechanics.atomic_files import atomic_write_bytes
+
+
+def image_grid(rows: list[Tensor], scale: int = 4, pad: int = 2) -> np.ndarray:
+    """Stack rows of (N, C, H, W) images in [0, 1] into one uint8 RGB array, upscaled by `scale` (nearest), `pad`
+    white pixels around and between them (torchvision.utils.make_grid; a shorter row is filled with white images,
+    since make_grid only lays out one flat list)."""
+    import torch
+    from torchvision.utils import make_grid
+
+    n = max(len(r) for r in rows)
+    cells = []
+    for r in rows:
+        r = r.detach().double().clamp(0, 1).cpu()
+        r = r.expand(-1, 3, -1, -1) if r.shape[1] == 1 else r[:, :3]
+        r = r.repeat_interleave(scale, -2).repeat_interleave(scale, -1)
+        cells += [*r, *torch.ones((n - len(r), *r.shape[1:]), dtype=r.dtype)]
+    grid = make_grid(cells, nrow=n, padding=pad, pad_value=1.0)
+    return (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+
+
+def save_reconstruction(truth: Tensor, rec: Tensor, path: str | Path) -> None:
+    """PNG grid: the true batch above, the reconstruction below (matched order is not implied)."""
+    import io
+
+    from PIL import Image
+
+    from gleak.mechanics.metrics import match
+
+    ti, ri = match(truth, rec)
+    order_t = list(ti) + [i for i in range(len(truth)) if i not in set(ti)]
+    order_r = list(ri) + [i for i in range(len(rec)) if i not in set(ri)]
+    grid = image_grid([truth[order_t], rec[order_r]], scale=max(1, 96 // truth.shape[-1]))
+    buf = io.BytesIO()
+    Image.fromarray(grid).save(buf, format="PNG")
+    atomic_write_bytes(Path(path), buf.getvalue())

@@ -1,0 +1,539 @@
+"""The results store: one SQLite file in the output folder, one row per trial keyed by the trial's config hash.
+
+Every finished trial is committed at once, so an interrupted run loses at most the trials in flight; a rerun skips
+trials whose row says 'ok' or 'not-applicable'. Rows are never deleted. A lock file keeps two runs from writing one folder at once.
+
+The file says it is gleak's: SQLite's application_id is APPLICATION_ID and its user_version the schema version.
+`check_store` reads a file before anything uses it: one that is not SQLite, damaged, someone else's (another
+application id, or tables that are not gleak's), empty, or written by a newer gleak is refused with one line and
+left untouched. Stores written before the id existed (gleak's tables, id 0) are recognised and stamped. Every SQL
+statement of gleak is in this module.
+
+Paths read from the store (the `image` column) are checked before use (`image_path`): a plain file name inside
+the folder's images/, never a path elsewhere.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import sqlite3
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+from urllib.parse import quote
+
+from filelock import FileLock, Timeout
+
+from gleak.contracts.config import TrialConfig
+from gleak.contracts.errors import InputError
+from gleak.orchestration.stored_values import check_rows, meta_value
+
+DB_NAME = "results.sqlite"
+# The status of a trial whose plugin raised UnsupportedCase: stored, not retried, not a failure (exit status 0);
+# the leaderboard shows such a cell as "n/a".
+NOT_APPLICABLE = "not-applicable"  # not "n/a": pandas reads that as a missing value
+DONE = ("ok", NOT_APPLICABLE)  # statuses a rerun does not recompute
+LOCK_NAME = ".lock"
+APPLICATION_ID = 0x474C4B31  # "GLK1" in SQLite's header: this file is a gleak results store
+SCHEMA_VERSION = 1  # user_version; a newer one is refused (written by a newer gleak)
+_IMAGE_NAME = re.compile(r"^[0-9A-Za-z_-]{1,64}\.png$")
+
+# Contract columns of results.csv first (DESIGN.md), then gleak's own.
+CSV_COLUMNS = [
+    "suite", "trial_id", "attack", "attack_params", "defense", "defense_params", "model", "dataset", "batch_size",
+    "seed", "status", "mse", "psnr", "ssim", "lpips", "label_acc", "verdict", "seconds", "error",
+    "cosine", "grad_dist", "matched", "image", "extra", "case",
+]  # fmt: skip
+METRIC_COLUMNS = {
+    "mse": "REAL", "psnr": "REAL", "ssim": "REAL", "lpips": "REAL", "cosine": "REAL", "label_acc": "REAL",
+    "grad_dist": "REAL", "matched": "INTEGER", "verdict": "TEXT", "image": "TEXT", "extra": "TEXT",
+}  # fmt: skip
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS trials (
+    trial_id TEXT PRIMARY KEY,
+    suite TEXT, attack TEXT, attack_params TEXT, defense TEXT, defense_params TEXT,
+    model TEXT, dataset TEXT, batch_size INTEGER, seed INTEGER, "case" TEXT, config TEXT,
+    status TEXT NOT NULL, error TEXT, traceback TEXT, seconds REAL, finished_at REAL,
+    {", ".join(f"{k} {v}" for k, v in METRIC_COLUMNS.items())}
+);
+CREATE TABLE IF NOT EXISTS membership (position INTEGER PRIMARY KEY, trial_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS reconstructions (trial_id TEXT PRIMARY KEY, arrays BLOB NOT NULL);
+"""
+_UTILITY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS utility (
+    utility_id TEXT PRIMARY KEY, defense TEXT, defense_params TEXT, dataset TEXT, model TEXT, config TEXT,
+    status TEXT NOT NULL, error TEXT, traceback TEXT, accuracy REAL, epsilon REAL, seconds REAL, extra TEXT,
+    finished_at REAL
+)
+"""
+_GLEAK_TABLES = {"trials": {"trial_id", "config", "status"}, "membership": {"trial_id"}, "meta": {"key", "value"}}
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A connection that writes nothing: without a write-ahead log beside the file, `immutable` (SQLite creates no
+    -shm/-wal files then); with one (a writer was killed), read-only mode, which replays it in memory."""
+    wal = path.with_name(path.name + "-wal")
+    flags = "mode=ro" if wal.exists() and wal.stat().st_size > 0 else "mode=ro&immutable=1"
+    return sqlite3.connect(f"file:{quote(str(path.resolve()))}?{flags}", uri=True, timeout=10)
+
+
+def check_store(folder: str | Path) -> bool:
+    """Whether FOLDER/results.sqlite is a store this gleak can use (True) or absent (False); InputError, the file
+    untouched, when it is not SQLite, damaged, not gleak's, empty, or written by a newer gleak."""
+    path = Path(folder) / DB_NAME
+    if not path.exists():
+        return False
+    where = f"{path}:"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(100)
+    except OSError as exc:
+        raise InputError(f"{where} cannot be read ({exc.strerror})") from None
+    if len(head) == 0:
+        raise InputError(f"{where} an empty file, not a gleak store; move it away or use another --out")
+    if not head.startswith(b"SQLite format 3\x00"):
+        raise InputError(f"{where} not an SQLite file (not a gleak store, or damaged); move it away or use another --out")
+    try:
+        con = _read_only(path)
+    except sqlite3.Error as exc:
+        raise InputError(f"{where} cannot be opened: {exc}") from None
+    try:
+        app, version = (con.execute(f"PRAGMA {p}").fetchone()[0] for p in ("application_id", "user_version"))
+        if app not in (0, APPLICATION_ID):
+            raise InputError(f"{where} an SQLite file of another application (id {app:#x}), not a gleak store; left untouched")
+        if app == APPLICATION_ID and version > SCHEMA_VERSION:
+            raise InputError(f"{where} written by a newer gleak (store version {version}, this gleak reads up to "
+                             f"{SCHEMA_VERSION}); upgrade gleak")  # fmt: skip
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if app == 0:  # a store from before the id, or not gleak's at all: its tables tell
+            if not tables:
+                raise InputError(f"{where} an empty SQLite file, not a gleak store; move it away or use another --out")
+            for t, cols in _GLEAK_TABLES.items():
+                have = {r[1] for r in con.execute(f'PRAGMA table_info("{t}")')} if t in tables else set()
+                if not cols <= have:
+                    raise InputError(f"{where} an SQLite file whose tables are not gleak's (no {t} table of gleak's); left untouched")
+        check = con.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise InputError(f"{where} damaged ({check}); restore it from a copy or use another --out")
+        check_rows(con, where)  # every value a reader will use, before anything reads or rewrites it
+    except sqlite3.DatabaseError as exc:
+        raise InputError(f"{where} damaged or not a gleak store ({exc}); left untouched") from None
+    finally:
+        con.close()
+    return True
+
+
+def read_meta(folder: str | Path, key: str) -> Any:
+    """A meta value of FOLDER's store, read without writing anything (None without a store or the key)."""
+    path = Path(folder) / DB_NAME
+    if not check_store(folder):
+        return None
+    con = _read_only(path)
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+    except (sqlite3.Error, ValueError):
+        return None
+    finally:
+        con.close()
+
+
+def _create_store_file(path: Path) -> None:
+    """Create an empty gleak store at `path` atomically (a temporary file renamed): a kill leaves either no store or
+    one that says it is gleak's, never an empty file that could be anyone's."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.gleak-tmp-")
+    os.close(fd)
+    try:
+        con = sqlite3.connect(tmp, isolation_level=None)
+        con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        con.executescript(_SCHEMA)
+        con.close()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _json(d: Any) -> str:
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def _record(cfg: TrialConfig, row: dict[str, Any]) -> dict[str, Any]:
+    """The trials-table row of a finished trial."""
+    rec = {
+        "trial_id": cfg.trial_id, "suite": cfg.suite, "attack": cfg.attack, "attack_params": _json(cfg.attack_params),
+        "defense": cfg.defense, "defense_params": _json(cfg.defense_params), "model": cfg.case.model,
+        "dataset": cfg.case.dataset, "batch_size": cfg.case.batch_size, "seed": cfg.seed,
+        "case": _json(cfg.case.to_dict()), "config": cfg.to_json(), "status": row["status"],
+        "error": row.get("error"), "traceback": row.get("traceback"), "seconds": row.get("seconds"),
+        "finished_at": time.time(),
+    }  # fmt: skip
+    for k in METRIC_COLUMNS:
+        rec[k] = row.get(k)
+    return rec
+
+
+def _busy(folder: Path, holder: str, advice: str = "wait for it to finish or use another --out") -> InputError:
+    who = f"pid {holder}" if holder else "another process"
+    return InputError(f"{folder}: another gleak run ({who}) is writing here; {advice}")
+
+
+def _holder(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def take_lock(folder: str | Path, advice: str | None = None) -> FileLock:
+    """Take FOLDER/.lock (filelock's FileLock: an flock on Unix, released by the kernel when the process dies) or
+    raise InputError naming the process that holds it (`advice`: what the line tells the user to do). Creates the
+    folder and the lock file only; writes this process's id into the lock file (filelock leaves a lock file's
+    contents to its holder). The lock remembers whether it created them (`release_lock(..., tidy=True)`)."""
+    folder = Path(folder)
+    lock = FileLock(folder / LOCK_NAME, timeout=0, thread_local=False)  # released by the run's thread, or another
+    new_folder = not folder.is_dir()
+    new_file = new_folder or not (folder / LOCK_NAME).exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except Timeout:
+        raise _busy(folder, _holder(folder / LOCK_NAME), *([advice] if advice else [])) from None
+    except OSError as exc:
+        raise InputError(f"{folder}: cannot write the output folder: {exc.strerror}") from None
+    lock.gleak_created = (new_folder, new_file)
+    (folder / LOCK_NAME).write_text(str(os.getpid()))
+    return lock
+
+
+def check_unlocked(folder: str | Path) -> None:
+    """Raise take_lock's InputError when another process holds FOLDER/.lock; creates nothing (the folder is not ours
+    to change yet: a run that starts while another is creating its files must say the other run is there)."""
+    path = Path(folder) / LOCK_NAME
+    try:
+        if not path.is_file():
+            return
+    except (OSError, ValueError):  # a name the folder checks reject with their own line (NUL)
+        return
+    probe = FileLock(path, timeout=0, thread_local=False)
+    try:
+        probe.acquire()
+    except Timeout:
+        raise _busy(Path(folder), _holder(path)) from None
+    except OSError:  # a lock file this process may not open: the folder checks that follow say what is wrong
+        return
+    probe.release()
+
+
+def release_lock(lock: FileLock | None, tidy: bool = False) -> None:
+    """Release a lock of take_lock. tidy: also remove the lock file when take_lock created it, and the folder when
+    take_lock created that and it is empty again: a command that was refused (or one that keeps no lock file in
+    a folder, such as `gleak leaderboard` of a published folder) leaves nothing behind. The file is removed while
+    still held, so no other process ever holds a lock on a file that is then deleted under it."""
+    if lock is None:
+        return
+    new_folder, new_file = getattr(lock, "gleak_created", (False, False))
+    path = Path(lock.lock_file)
+    if tidy and new_file and lock.is_locked:
+        path.unlink(missing_ok=True)
+    lock.release()
+    if tidy and new_folder:
+        try:
+            path.parent.rmdir()  # only when empty: what was written there meanwhile stays
+        except OSError:
+            pass
+
+
+@contextlib.contextmanager
+def holding_lock(folder: str | Path):
+    """This process holds FOLDER's lock for the block (gleak leaderboard, plot, rescore: never while a run writes
+    the folder). InputError, nothing created, when the folder is not there or another process holds its lock; a
+    lock file created for the block is removed after it (release_lock's tidy)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: no such folder")
+    lock = take_lock(folder, "wait for it to finish (it writes the reports itself when it is done)")
+    try:
+        yield lock
+    finally:
+        release_lock(lock, tidy=True)
+
+
+class Store:
+    """Results of one output folder. Opening checks the file (`check_store`: InputError, file untouched, when it is
+    not a gleak store) and creates it when absent (create=True)."""
+
+    def __init__(self, folder: str | Path, create: bool = True):
+        self.folder = Path(folder)
+        self.path = self.folder / DB_NAME
+        if not check_store(self.folder):
+            if not create:
+                raise InputError(f"{self.folder}: no results here (expected {DB_NAME}; run `gleak run` first)")
+            self.folder.mkdir(parents=True, exist_ok=True)
+            _create_store_file(self.path)
+        # check_same_thread=False: a run hands its connection to a CommitThread (used by one thread at a time).
+        self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+        # A committed trial survives power loss, not just SIGKILL. Write-ahead logging: one fsync per commit instead
+        # of the rollback journal's three (a commit costs ~6 ms instead of ~20 ms here), and readers (gleak
+        # leaderboard, progress checks) never block the run. A killed writer's log is replayed on the next open.
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        if self.db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:  # a store from before the id
+            self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self.db.executescript(_SCHEMA)
+
+    @staticmethod
+    def exists(folder: str | Path) -> bool:
+        return (Path(folder) / DB_NAME).is_file()
+
+    @staticmethod
+    def open_existing(folder: str | Path) -> "Store":
+        """The folder's store, checked; InputError when there is none or it is not a gleak store."""
+        if not Path(folder).is_dir():
+            raise InputError(f"{folder}: no such folder")
+        return Store(folder, create=False)
+
+    # -- paths read from the store ------------------------------------------------------------------------
+    def image_path(self, image: Any) -> Path | None:
+        """FOLDER/images/IMAGE when `image` (a value of the image column) is a plain file name there (no folder
+        part, no link leading out of images/); None otherwise: a path from a store is never followed elsewhere."""
+        if not isinstance(image, str) or not _IMAGE_NAME.match(image):
+            return None
+        images = self.folder / "images"
+        p = images / image
+        try:
+            if images.is_symlink() or p.is_symlink():
+                return None
+            if images.exists() and images.resolve().parent != self.folder.resolve():
+                return None
+        except OSError:
+            return None
+        return p
+
+    # -- writing ------------------------------------------------------------------------------------------
+    def set_membership(self, trials: Iterable[TrialConfig]) -> None:
+        """Record which trials (and in which order) the folder's suite holds now; trial rows are untouched."""
+        rows = [(i, t.trial_id) for i, t in enumerate(trials)]
+        if self.db.execute("SELECT position, trial_id FROM membership ORDER BY position").fetchall() == rows:
+            return  # unchanged: a rerun with nothing to do leaves the file as it was (a committed store stays clean)
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute("DELETE FROM membership")
+            self.db.executemany("INSERT INTO membership VALUES (?, ?)", rows)
+
+    def set_meta(self, key: str, value: Any) -> None:
+        text = _json(value)
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        if row is None or row[0] != text:  # unchanged: no write (see set_membership)
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, text))
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return meta_value(key, row[0], f"{self.path}:") if row else default
+
+    def put(self, cfg: TrialConfig, row: dict[str, Any]) -> None:
+        """Write one finished trial (replacing an earlier failed attempt of the same trial) in one transaction."""
+        self.put_many([(cfg, row)])
+
+    def put_many(self, finished: list[tuple[TrialConfig, dict[str, Any]]]) -> None:
+        """Write several finished trials in one transaction (one fsync): all of them or, if killed, none."""
+        if not finished:
+            return
+        recs = [_record(cfg, row) for cfg, row in finished]
+        cols = ", ".join(f'"{k}"' for k in recs[0])
+        marks = ", ".join("?" for _ in recs[0])
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", [list(r.values()) for r in recs])
+            arrays = [(cfg.trial_id, row["reconstruction"]) for cfg, row in finished if row.get("reconstruction")]
+            if arrays:  # the reconstruction's arrays (gleak.orchestration.reconstructions), in the same transaction as its row
+                self.db.executemany("INSERT OR REPLACE INTO reconstructions VALUES (?, ?)", arrays)
+
+    def update_scores(self, rows: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
+        """`gleak rescore`: new metric values and extra of stored trials, (trial_id, {column: value}, extra), in one
+        transaction. Only METRIC_COLUMNS change; the attack's output is untouched."""
+        with self.db:
+            self.db.execute("BEGIN")
+            for trial_id, cols, extra in rows:
+                cols = {k: v for k, v in cols.items() if k in METRIC_COLUMNS}
+                cols["extra"] = _json(extra)
+                sets = ", ".join(f'"{k}" = ?' for k in cols)
+                self.db.execute(f"UPDATE trials SET {sets} WHERE trial_id = ?", [*cols.values(), trial_id])
+
+    def rekey(self) -> list[tuple[str, str]]:
+        """Give every stored trial the id its stored config has under the current code (and rename its image).
+
+        A trial's id hashes its identity (TrialConfig.identity). When that rule changes for a case where nothing
+        computed changes (a new CaseConfig field listed in LATER_FIELDS, which drops it at its default), trials
+        stored before keep their old ids and would be recomputed. This maps them to the new ids; the results are
+        untouched. A row whose new id is already taken keeps its old id (the newer row wins). Call under the lock.
+        Returns the (old, new) pairs changed."""
+        changed, stale = [], []
+        rows = self.db.execute("SELECT trial_id, config, image FROM trials").fetchall()
+        taken = {r[0] for r in rows}
+        with self.db:
+            self.db.execute("BEGIN")
+            for old, config, image in rows:
+                cfg = TrialConfig.from_json(config)
+                new = cfg.trial_id
+                if new == old or new in taken:
+                    continue
+                new_image = image
+                src = self.image_path(image)
+                if image and src is None:
+                    new_image = None  # not a name of gleak's images: forget it, touch nothing
+                elif image:  # a second link under the new name now, the old name goes after the commit: never lost
+                    new_image = f"{new}.png"
+                    dst = self.folder / "images" / new_image
+                    if src.is_file() and not dst.exists() and self.image_path(new_image) is not None:
+                        os.link(src, dst)
+                        stale.append(src)
+                self.db.execute(
+                    'UPDATE trials SET trial_id = ?, config = ?, "case" = ?, image = ? WHERE trial_id = ?',
+                    (new, cfg.to_json(), _json(cfg.case.to_dict()), new_image, old),
+                )
+                self.db.execute("UPDATE membership SET trial_id = ? WHERE trial_id = ?", (new, old))
+                self.db.execute("UPDATE reconstructions SET trial_id = ? WHERE trial_id = ?", (new, old))
+                taken.add(new)
+                changed.append((old, new))
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return changed
+
+    def clean_partial_files(self) -> list[Path]:
+        """Delete the temporary files that a killed writer of gleak's left (see gleak.orchestration.output_folder). Call only while
+        holding the lock: no other gleak run is writing here then."""
+        from gleak.orchestration.output_folder import clean_partial_files
+
+        return clean_partial_files(self.folder)
+
+    # -- reading ------------------------------------------------------------------------------------------
+    def finished_ids(self) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT trial_id FROM trials WHERE status IN (?, ?)", DONE)}
+
+    def frame(self, members_only: bool = True):
+        """The trials as a pandas DataFrame in suite order (the current suite's trials when members_only)."""
+        import pandas as pd
+
+        if members_only and self.db.execute("SELECT COUNT(*) FROM membership").fetchone()[0]:
+            q = 'SELECT t.* FROM membership m JOIN trials t ON t.trial_id = m.trial_id ORDER BY m.position'
+        else:
+            q = "SELECT * FROM trials ORDER BY finished_at"
+        df = pd.read_sql_query(q, self.db)
+        # An image name that is not a plain name in images/ is dropped here, so that no reader (results.csv, the
+        # figures, the HTML page) ever opens a path a store names elsewhere.
+        df["image"] = [v if self.image_path(v) is not None else None for v in df["image"]]
+        return df
+
+    def count(self, members_only: bool = True) -> int:
+        """How many trial rows `frame(members_only)` holds."""
+        if members_only and self.db.execute("SELECT COUNT(*) FROM membership").fetchone()[0]:
+            q = "SELECT COUNT(*) FROM membership m JOIN trials t ON t.trial_id = m.trial_id"
+        else:
+            q = "SELECT COUNT(*) FROM trials"
+        return int(self.db.execute(q).fetchone()[0])
+
+    def failed_members(self) -> int:
+        """Trials of the folder's current suite stored as failed (not ok, not not-applicable)."""
+        return int(self.db.execute(
+            "SELECT COUNT(*) FROM membership m JOIN trials t ON t.trial_id = m.trial_id WHERE t.status NOT IN (?, ?)", DONE
+        ).fetchone()[0])  # fmt: skip
+
+    def image_names(self) -> list[str]:
+        """The stored trials' image names that are valid (see image_path)."""
+        rows = self.db.execute("SELECT image FROM trials WHERE image IS NOT NULL").fetchall()
+        return [r[0] for r in rows if self.image_path(r[0]) is not None]
+
+    # -- utility runs (gleak.orchestration.utility) -------------------------------------------------------------------
+    def put_utility(self, rec: dict[str, Any]) -> None:
+        """Write one utility run's row (replacing an earlier attempt of the same run)."""
+        self.db.execute(_UTILITY_SCHEMA)
+        cols = ", ".join(f'"{k}"' for k in rec)
+        self.db.execute(f"INSERT OR REPLACE INTO utility ({cols}) VALUES ({', '.join('?' for _ in rec)})", list(rec.values()))
+
+    def utility_ok_ids(self) -> set[str]:
+        self.db.execute(_UTILITY_SCHEMA)
+        return {r[0] for r in self.db.execute("SELECT utility_id FROM utility WHERE status = 'ok'")}
+
+    def utility_failed(self, ids: list[str]) -> int:
+        """How many of the utility runs `ids` are stored as failed."""
+        self.db.execute(_UTILITY_SCHEMA)
+        marks = ", ".join("?" for _ in ids)
+        return int(self.db.execute(f"SELECT COUNT(*) FROM utility WHERE status != 'ok' AND utility_id IN ({marks})", ids).fetchone()[0])
+
+    def utility_rows(self) -> list[dict[str, Any]]:
+        """Every stored utility run, as dicts of its columns."""
+        self.db.execute(_UTILITY_SCHEMA)
+        cur = self.db.execute("SELECT * FROM utility")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def reconstructions(self) -> list[tuple[str, bytes, str | None]]:
+        """(trial_id, arrays, extra JSON) of the current suite's finished trials that stored a reconstruction."""
+        q = ("SELECT t.trial_id, r.arrays, t.extra FROM reconstructions r JOIN trials t ON t.trial_id = r.trial_id "
+             "WHERE t.status = 'ok'")  # fmt: skip
+        if self.db.execute("SELECT COUNT(*) FROM membership").fetchone()[0]:
+            q += " AND t.trial_id IN (SELECT trial_id FROM membership)"
+        return [tuple(r) for r in self.db.execute(q)]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class CommitThread:
+    """Commits finished trials to a store on a thread of its own, so that the caller goes on (the next trial runs
+    during the fsync), and what finishes meanwhile shares one transaction. `put` returns at once; `close` waits until
+    everything put is committed, and re-raises what stopped the thread. Between the two, only this thread uses the
+    store. A process killed meanwhile loses what was put and not yet committed: trials in flight, like the running
+    ones. `on_stored(batch)` is called on this thread after each commit."""
+
+    def __init__(self, store: Store, on_stored: Callable[[list[tuple[TrialConfig, dict[str, Any]]]], None]):
+        self.store, self.on_stored = store, on_stored
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name="gleak-store", daemon=True)
+        self.thread.start()
+
+    def put(self, finished: list[tuple[TrialConfig, dict[str, Any]]]) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put(finished)
+
+    def _loop(self) -> None:
+        stop = False
+        while not stop:
+            item = self.queue.get()
+            if item is None:
+                return
+            batch = list(item)
+            while True:  # everything that arrived during the last commit goes into this one
+                try:
+                    more = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch += more
+            try:
+                self.store.put_many(batch)
+                self.on_stored(batch)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller by put / close
+                self.error = exc
+                return
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error

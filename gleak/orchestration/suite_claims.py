@@ -1,0 +1,85 @@
+"""A suite's [[claim]] tables: each a published claim about one defense against named attacks, validated key by
+key where the suite is loaded (gleak.reporting.claims judges them against the stored trials)."""
+from __future__ import annotations
+
+from typing import Any
+
+from gleak.contracts import registry
+from gleak.contracts.config import CASE_FIELDS
+from gleak.contracts.errors import UnknownPluginError, Where
+from gleak.contracts.errors import did_you_mean as _close
+
+CLAIM_KEYS = {"source", "claim", "setting", "defense", "defense_params", "attacks", "attack_params", "case", "expect"}
+EXPECT = ("defended", "leaks")  # a claim's `expect`: what its attacks' verdict must be (gleak.reporting.claims judges it)
+
+
+def parse_claims(raw: Any, where: Where) -> list[dict[str, Any]]:
+    """The [[claim]] tables: each a published claim about one defense against named attacks (gleak.reporting.claims),
+    validated key by key; the defense and attack names resolved to their current names."""
+    if isinstance(raw, dict):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise where.error("claim", None, "must be an array of tables ([[claim]])")
+    out = []
+    for i, c in enumerate(raw, 1):
+        t = f"claim #{i}"
+        if not isinstance(c, dict):
+            raise where.error(t, None, f"must be a table, got {c!r}")
+        for k in c:
+            if k not in CLAIM_KEYS:
+                raise where.error(t, k, f"unknown key{_close(k, CLAIM_KEYS)} (keys: {', '.join(sorted(CLAIM_KEYS))})")
+        for k in ("source", "claim", "defense", "attacks", "expect"):
+            if k not in c:
+                raise where.error(t, k, "missing")
+        for k in ("source", "claim", "defense"):
+            if not isinstance(c[k], str) or not c[k]:
+                raise where.error(t, k, f"must be a non-empty string, got {c[k]!r}")
+        if c["expect"] not in EXPECT:
+            raise where.error(t, "expect", f"must be one of {', '.join(map(repr, EXPECT))}, got {c['expect']!r}")
+        try:
+            defense = registry.resolve_name("defense", c["defense"])
+            info = registry.plugin_info("defense", defense)
+        except UnknownPluginError as exc:
+            raise where.error(t, "defense", str(exc)) from None
+        params = c.get("defense_params", {})
+        if not isinstance(params, dict):
+            raise where.error(t, "defense_params", f"must be a table, got {params!r}")
+        for k in params:
+            if k not in info.params:
+                raise where.error(t, f"defense_params.{k}", f"defense {defense!r} has no parameter {k!r}{_close(k, info.params)}")
+        attacks = c["attacks"]
+        if not isinstance(attacks, list) or not attacks or not all(isinstance(a, str) for a in attacks):
+            raise where.error(t, "attacks", f"must be a non-empty list of attack names, got {attacks!r}")
+        names = []
+        for a in attacks:
+            try:
+                names.append(registry.resolve_name("attack", a))
+                registry.plugin_info("attack", names[-1])
+            except UnknownPluginError as exc:
+                raise where.error(t, "attacks", str(exc)) from None
+        attack_params = c.get("attack_params", {})
+        if not isinstance(attack_params, dict):
+            raise where.error(t, "attack_params", f"must be a table, got {attack_params!r}")
+        known = set().union(*(registry.plugin_info("attack", a).params for a in names), {"defense_aware"})
+        for k in attack_params:
+            if k not in known:
+                raise where.error(t, f"attack_params.{k}", f"no attack of the claim has a parameter {k!r}{_close(k, known)}")
+        if "setting" in c and (not isinstance(c["setting"], str) or not c["setting"]):
+            raise where.error(t, "setting", f"must be a non-empty string, got {c['setting']!r}")
+        case = _claim_case(c.get("case", {}), t, where)
+        out.append({"source": c["source"], "claim": c["claim"], "setting": c.get("setting", ""), "defense": defense,
+                    "defense_params": dict(params), "attacks": names, "attack_params": dict(attack_params),
+                    "case": case, "expect": c["expect"]})  # fmt: skip
+    return out
+
+
+def _claim_case(case: Any, t: str, where: Where) -> dict[str, Any]:
+    """A claim's case: keys of [case] (gleak.contracts.config.CaseConfig), matched against each cell's trials' case."""
+    if not isinstance(case, dict):
+        raise where.error(t, "case", f"must be a table, got {case!r}")
+    for k, v in case.items():
+        if k not in CASE_FIELDS:
+            raise where.error(t, f"case.{k}", f"not a [case] key{_close(k, CASE_FIELDS)}")
+        if k == "batch_size" and (not isinstance(v, int) or isinstance(v, bool)):
+            raise where.error(t, "case.batch_size", f"must be an integer, got {v!r}")
+    return dict(case)
