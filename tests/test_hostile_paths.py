@@ -56,6 +56,24 @@ def test_a_linked_subfolder_is_refused_by_every_writer(t1, tmp_path, capsys, nam
     assert tree(outside) == before and sorted(os.listdir(outside)) == sorted(before)
 
 
+def test_an_output_folder_that_is_a_link_is_refused_before_anything_is_written(t1, tmp_path, capsys):
+    """`--out LINK`, LINK a symbolic link to an empty folder elsewhere (and to a gleak folder, for the commands that
+    read one): exit 2, one line, and nothing written where the link points (the store is opened only after the
+    check)."""
+    empty = tmp_path / "empty-elsewhere"
+    empty.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(empty, target_is_directory=True)
+    refused(["run", str(t1.parent / "t1.toml"), "--out", str(link), "--no-progress", "--in-process"], empty, capsys,
+            f"{link}: the output folder is a symbolic link")  # fmt: skip
+    assert os.listdir(empty) == []
+    out = copy(t1, tmp_path)
+    to_results = tmp_path / "results-link"
+    to_results.symlink_to(out, target_is_directory=True)
+    for args in (["plot", str(to_results)], ["leaderboard", str(to_results)], ["rescore", str(to_results)]):
+        refused(args, out, capsys, "the output folder is a symbolic link")
+
+
 def test_a_linked_store_is_refused(t1, tmp_path, capsys):
     out = copy(t1, tmp_path)
     elsewhere = tmp_path / "elsewhere.sqlite"

@@ -63,11 +63,20 @@ def _os_problem(path: Path, exc: OSError) -> InputError:
     return InputError(f"{path}: cannot use as the output folder: {why}")
 
 
+def check_not_a_link(folder: Path) -> None:
+    """InputError when the output folder itself is a symbolic link: everything gleak writes there (the store first)
+    would land wherever the link points, outside the folder the user named."""
+    if folder.is_symlink():
+        raise InputError(f"{folder}: the output folder is a symbolic link (to {os.readlink(folder)}); gleak writes "
+                         "only into a real folder: name the folder it points to, or another --out; nothing written")  # fmt: skip
+
+
 def check_path(folder: Path) -> None:
     """The folder can be created and written: not a file, not under a file, writable, a valid name, room left."""
     text = str(folder)
     if "\0" in text:
         raise InputError(f"{text!r}: the output folder's name contains a NUL character")
+    check_not_a_link(folder)
     try:
         if folder.exists() and not folder.is_dir():
             raise InputError(f"{folder}: the output folder is a file (or a device), not a folder")
@@ -303,6 +312,7 @@ def claim_results(folder: str | Path, check_store) -> Manifest:
     )
 
     folder = Path(folder)
+    check_not_a_link(folder)
     if not folder.is_dir():
         raise InputError(f"{folder}: no such folder")
     if not check_store(folder):
