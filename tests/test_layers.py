@@ -215,3 +215,26 @@ def test_the_cgd_engine_keeps_its_old_path_for_one_release():
         exec("from gleak.defenses.cgd_training import ConfinedMLP, Partition", {})
     with pytest.raises(AttributeError):
         old.torch  # noqa: B018 - only the engine's names are forwarded
+
+
+def test_each_plugin_file_is_one_module_however_it_is_imported():
+    """From the checkout root the built-in plugin folders are importable as top-level packages too: `attacks.dlg`
+    and `gleak.attacks.dlg` are one module, whichever comes first, and the plugin registers once. A moved module's
+    flat path (`gleak.metrics`) is the moved module itself and says where it went."""
+    import subprocess
+    import sys
+
+    code = ("import {first}, {second}, sys, warnings\n"
+            "assert sys.modules['attacks.dlg'] is sys.modules['gleak.attacks.dlg']\n"
+            "assert sys.modules['attacks'] is sys.modules['gleak.attacks']\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import gleak.metrics, gleak.mechanics.metrics\n"
+            "assert gleak.metrics is gleak.mechanics.metrics and gleak.metrics.__spec__.name == 'gleak.mechanics.metrics'\n"
+            "assert any('import gleak.mechanics.metrics' in str(x.message) for x in w), [str(x.message) for x in w]\n"
+            "import gleak\n"
+            "assert gleak.list_plugins('attack', 'dlg') == ['dlg']\n")  # fmt: skip
+    for first, second in (("gleak.attacks.dlg", "attacks.dlg"), ("attacks.dlg", "gleak.attacks.dlg")):
+        done = subprocess.run([sys.executable, "-c", code.format(first=first, second=second)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, (first, second, done.stderr[-2000:])
