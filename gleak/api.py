@@ -143,12 +143,12 @@ def _folder_arg(value: Any, name: str) -> Path:
 
 
 def _lpips_arg(value: Any, name: str) -> str | None:
-    """None, or the path of an AlexNet weights file that torch can read (gleak.mechanics.metrics.check_lpips_weights)."""
+    """None, or the path of an AlexNet weights file that torch can read (gleak.mechanics.perceptual.check_lpips_weights)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, Path)):
         raise InputError(f"{name} must be the path of an AlexNet weights file, got {value!r}")
-    from gleak.mechanics.metrics import check_lpips_weights
+    from gleak.mechanics.perceptual import check_lpips_weights
 
     check_lpips_weights(str(value), name)
     return str(value)

@@ -129,12 +129,14 @@ def _run_counts(summary: "RunSummary") -> str:
     return text
 
 
-def _check_lpips(flag: str | None) -> None:
-    """An LPIPS backbone that is named (--lpips-backbone, else $GLEAK_LPIPS_BACKBONE) must be AlexNet's weights: a
-    missing or wrong file is bad input (exit 2 before anything runs), not a failure of every trial."""
+def _check_lpips(flag: str | None, fetch: bool = True) -> None:
+    """The LPIPS backbone, before anything runs: a named file (--lpips-backbone, else $GLEAK_LPIPS_BACKBONE) or the
+    one in the torch hub cache must be the published AlexNet weights (a missing or wrong file is bad input, exit 2,
+    not a failure of every trial); with none named or cached, `fetch` downloads it into the cache where the network
+    allows (else one line says how to fill LPIPS, and the run goes on without it)."""
     import os
 
-    from gleak.mechanics.metrics import LPIPS_ENV, check_lpips_weights
+    from gleak.mechanics.perceptual import LPIPS_ENV, check_lpips_weights, fetch_weights, hub_weights_file
 
     if flag:
         check_lpips_weights(flag, "--lpips-backbone")
@@ -144,6 +146,11 @@ def _check_lpips(flag: str | None) -> None:
         raise InputError(f"${LPIPS_ENV} names {named}, which does not exist (unset it, or point it at alexnet-owt-7be5be79.pth)")
     if named:
         check_lpips_weights(named, f"${LPIPS_ENV}")
+        return
+    if hub_weights_file().is_file():
+        check_lpips_weights(hub_weights_file(), "the torch hub cache's")
+    elif fetch:
+        fetch_weights(say=lambda line: print(f"gleak: {strip_controls(line)}", file=sys.stderr))
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -200,8 +207,8 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     from gleak.orchestration.store import check_store
     from gleak.reporting.report import write_folder_reports as write_reports
 
-    _check_lpips(args.lpips_backbone)
     metrics = parse_metrics(args.metrics)
+    _check_lpips(args.lpips_backbone, fetch="lpips" in metrics)
     claim_results(args.dir, check_store)  # as `gleak leaderboard`: gleak's folder, no user's file where a report goes
     paths = {}
     # The reports under the lock that the rescoring holds: no run writes the folder in between.

@@ -5,6 +5,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# The tests never reach the network: `gleak run` would otherwise try to fetch LPIPS's AlexNet weights in every test
+# that runs a suite (subprocesses inherit this). The fetch itself is tested against a local file URL.
+os.environ.setdefault("GLEAK_LPIPS_NO_DOWNLOAD", "1")
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -121,3 +124,16 @@ def utility_run(tmp_path_factory):
                        env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr
     return d / "rep.toml", d / "out", r.stderr, env
+
+
+@pytest.fixture
+def published(monkeypatch):
+    """`published(path)`: take this file as the published AlexNet weights (its digest as the published one), for
+    tests that load a backbone built here (random weights: they exercise the loading path, never a score)."""
+    from gleak.mechanics import perceptual
+
+    def accept(path):
+        monkeypatch.setattr(perceptual, "ALEXNET_SHA256_PREFIX", perceptual.sha256_of(path)[:8])
+        return path
+
+    return accept

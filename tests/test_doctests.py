@@ -42,4 +42,5 @@ def test_the_examples_are_found():
     """Not vacuous: the modules known to carry examples are seen, with their examples."""
     assert {"gleak.mechanics.metrics", "gleak.mechanics.dp_bound", "gleak.attacks", "gleak.defenses", "gleak.protocols"} <= set(MODULES)
     assert len(sum((t.examples for t in _examples("gleak.mechanics.metrics")), [])) >= 3
+    assert len(sum((t.examples for t in _examples("gleak.mechanics.verdicts")), [])) >= 3
     assert len(sum((t.examples for t in _examples("gleak.mechanics.dp_bound")), [])) >= 3

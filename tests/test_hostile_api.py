@@ -1,6 +1,6 @@
 """The Python API checks its arguments at the call: one gleak.InputError naming the argument, never a TypeError or
 RuntimeError from deep inside (gleak.api); an LPIPS backbone that is not AlexNet's weights is one line before any
-trial runs, on the command line and in the API (gleak.mechanics.metrics.check_lpips_weights)."""
+trial runs, on the command line and in the API (gleak.mechanics.perceptual.check_lpips_weights)."""
 import os
 import sqlite3
 import textwrap
@@ -11,6 +11,7 @@ import torch
 import gleak
 from gleak import cli
 from gleak.orchestration import trial
+from tests.test_hostile_store import copy, refused, t1  # noqa: F401 - t1: the shared finished folder
 
 T1 = textwrap.dedent('''
     [suite]
@@ -144,12 +145,25 @@ def test_an_lpips_backbone_of_random_bytes_is_one_line_before_any_trial(tmp_path
     _one_line(exc, "lpips_weights", "is not a weights file")
 
 
-def test_alexnet_weights_pass_the_backbone_check(tmp_path):
-    """The check accepts the file it is for (a state dict of torchvision's AlexNet, random weights here)."""
+def test_alexnet_weights_pass_the_backbone_check(tmp_path, published):
+    """The check accepts the file it is for (a state dict of torchvision's AlexNet, random weights here, taken as
+    the published file)."""
     import torchvision
 
-    from gleak.mechanics.metrics import check_lpips_weights
+    from gleak.mechanics.perceptual import check_lpips_weights
 
     path = tmp_path / "alexnet.pth"
     torch.save(torchvision.models.alexnet().state_dict(), path)
-    check_lpips_weights(path, "--lpips-backbone")
+    check_lpips_weights(published(path), "--lpips-backbone")
+
+
+def test_rescore_with_a_random_alexnet_backbone_is_one_line_and_changes_nothing(t1, tmp_path, capsys):
+    """`gleak rescore DIR --metrics lpips --lpips-backbone random.pth`, a randomly initialised AlexNet saved with
+    torch.save (every key and shape right): exit 2, one line naming the file and its digest, the folder unchanged."""
+    import torchvision
+
+    out = copy(t1, tmp_path)
+    path = tmp_path / "random.pth"
+    torch.save(torchvision.models.alexnet().state_dict(), path)
+    refused(["rescore", str(out), "--metrics", "lpips", "--lpips-backbone", str(path)], out, capsys,
+            f"--lpips-backbone: {path} is not torchvision's ImageNet AlexNet weights")  # fmt: skip

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gleak.mechanics import metrics
+from gleak.mechanics import metrics, perceptual, verdicts
 
 
 def test_identical_images_score_perfectly():
@@ -27,7 +27,7 @@ def test_label_accuracy_is_order_free_multiset_overlap():
 def test_psnr_and_verdict_bands():
     a = torch.zeros(1, 1, 4, 4)
     assert float(metrics.psnr(a, a + 0.1)[0]) == pytest.approx(20.0)
-    assert [metrics.verdict(v) for v in (0.0299, 0.03, 0.199, 0.2)] == ["recovered", "partial", "partial", "defended"]
+    assert [verdicts.verdict(v) for v in (0.0299, 0.03, 0.199, 0.2)] == ["recovered", "partial", "partial", "defended"]
 
 
 def test_ssim_is_scikit_image_with_gaussian_weights():
@@ -47,38 +47,39 @@ def test_relative_gradient_distance():
 
 
 def test_lpips_unavailable_without_weights(monkeypatch, tmp_path):
-    monkeypatch.delenv(metrics.LPIPS_ENV, raising=False)
+    monkeypatch.delenv(perceptual.LPIPS_ENV, raising=False)
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     x = torch.rand(1, 3, 32, 32)
-    assert metrics.lpips(x, x) is None
+    assert perceptual.lpips(x, x) is None
     assert metrics.score(x, torch.tensor([0]), x, None)["lpips"] is None
 
 
 def test_lpips_missing_named_file_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setenv(metrics.LPIPS_ENV, str(tmp_path / "nope.pth"))
+    monkeypatch.setenv(perceptual.LPIPS_ENV, str(tmp_path / "nope.pth"))
     with pytest.raises(FileNotFoundError, match="nope.pth"):
-        metrics.lpips(torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32))
+        perceptual.lpips(torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32))
 
 
-def test_lpips_loads_a_backbone_file(monkeypatch, tmp_path):
+def test_lpips_loads_a_backbone_file(monkeypatch, tmp_path, published):
     """The loading path with a state dict built here (random weights: exercises the code, scores nothing)."""
     import torchvision
 
     torch.manual_seed(0)
     path = tmp_path / "alexnet.pth"
     torch.save(torchvision.models.alexnet().state_dict(), path)
-    monkeypatch.setenv(metrics.LPIPS_ENV, str(path))
+    published(path)
+    monkeypatch.setenv(perceptual.LPIPS_ENV, str(path))
     a, b = torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32)
-    d = metrics.lpips(a, b)
+    d = perceptual.lpips(a, b)
     assert d is not None and d.shape == (2,) and torch.isfinite(d).all()
-    assert float(metrics.lpips(a, a).abs().max()) < 1e-6
-    model = metrics._lpips_model(str(path))
+    assert float(perceptual.lpips(a, a).abs().max()) < 1e-6
+    model = perceptual._lpips_model(str(path))
     ref = torchvision.models.alexnet()
     ref.load_state_dict(torch.load(path, weights_only=True))
     assert torch.equal(model.net.slice1[0].weight, ref.features[0].weight)  # the file's weights, not a random init
 
 
-def test_lpips_from_the_torch_hub_cache_is_the_lpips_packages_own(monkeypatch, tmp_path):
+def test_lpips_from_the_torch_hub_cache_is_the_lpips_packages_own(monkeypatch, tmp_path, published):
     """With the backbone in torchvision's cache, gleak's LPIPS equals what the lpips package computes when it loads
     that backbone itself (lpips.LPIPS(net='alex', version='0.1') with pretrained trunk). The state dict is built
     here (random weights: a check of the loading and scoring path, not a perceptual score)."""
@@ -91,19 +92,20 @@ def test_lpips_from_the_torch_hub_cache_is_the_lpips_packages_own(monkeypatch, t
     ckpt = tmp_path / "hub" / "checkpoints"
     ckpt.mkdir(parents=True)
     torch.save(torchvision.models.alexnet().state_dict(), ckpt / "alexnet-owt-7be5be79.pth")
+    published(ckpt / "alexnet-owt-7be5be79.pth")
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    monkeypatch.delenv(metrics.LPIPS_ENV, raising=False)
-    assert metrics.lpips_available() and metrics.alexnet_weights_path() == ckpt / "alexnet-owt-7be5be79.pth"
+    monkeypatch.delenv(perceptual.LPIPS_ENV, raising=False)
+    assert perceptual.lpips_available() and perceptual.alexnet_weights_path() == ckpt / "alexnet-owt-7be5be79.pth"
     g = torch.Generator().manual_seed(0)
     a, b = torch.rand(3, 3, 32, 32, generator=g), torch.rand(3, 3, 32, 32, generator=g)
-    ours = metrics.lpips(a, b)
+    ours = perceptual.lpips(a, b)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchvision's deprecation notes about lpips' `pretrained=True`
         ref_model = lpips_pkg.LPIPS(net="alex", version="0.1", pnet_rand=False, verbose=False).eval()
     with torch.no_grad():
         ref = ref_model(a * 2 - 1, b * 2 - 1).flatten().double()
     assert torch.allclose(ours, ref, rtol=1e-5, atol=1e-7)
-    grey = metrics.lpips(a[:, :1], b[:, :1])  # grey images are scored as three equal channels
+    grey = perceptual.lpips(a[:, :1], b[:, :1])  # grey images are scored as three equal channels
     with torch.no_grad():
         ref_grey = ref_model(a[:, :1].expand(-1, 3, -1, -1) * 2 - 1, b[:, :1].expand(-1, 3, -1, -1) * 2 - 1).flatten()
     assert torch.allclose(grey, ref_grey.double(), rtol=1e-5, atol=1e-7)
@@ -118,3 +120,60 @@ def test_exact_share_keeps_exact_pairs_the_mse_pairing_would_trade_away():
     assert list(cols[rows.argsort()]) == [1, 0]  # lower total MSE by giving the exact one to the other image
     assert exact_share(truth, rec) == 0.5
     assert exact_share(truth, rec[:1]) == 0.5 and exact_share(truth, truth + 0.05) == 0.0
+
+
+def test_a_random_backbone_never_scores(monkeypatch, tmp_path):
+    """A randomly initialised AlexNet saved as the backbone (any key and shape right) is refused by its digest, named
+    in one line, wherever it comes from: the flag's check and LPIPS itself (no number from a random network)."""
+    import torchvision
+
+    from gleak.contracts.errors import InputError
+
+    path = tmp_path / "alexnet-owt-7be5be79.pth"
+    torch.save(torchvision.models.alexnet().state_dict(), path)
+    with pytest.raises(InputError, match="is not torchvision's ImageNet AlexNet weights"):
+        perceptual.check_lpips_weights(path, "--lpips-backbone")
+    monkeypatch.setenv(perceptual.LPIPS_ENV, str(path))
+    with pytest.raises(InputError, match="SHA-256 begins"):
+        perceptual.lpips(torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32))
+
+
+def _served(tmp_path, content: bytes):
+    """A weights file at a file:// URL (the download path without the network)."""
+    src = tmp_path / "served.pth"
+    src.write_bytes(content)
+    return src, src.as_uri()
+
+
+def test_the_backbone_is_fetched_into_the_torch_cache_and_verified(monkeypatch, tmp_path):
+    """With no backbone named or cached, the fetch downloads it from torchvision's address into the torch hub cache,
+    keeps it only if its digest is the published one, and says each step in one line; with the opt-out set it
+    fetches nothing; offline it says how to fill LPIPS."""
+    import hashlib
+
+    home = tmp_path / "torch-home"
+    monkeypatch.setenv("TORCH_HOME", str(home))
+    monkeypatch.delenv(perceptual.NO_DOWNLOAD_ENV, raising=False)
+    content = b"weights " * 1000
+    src, url = _served(tmp_path, content)
+    monkeypatch.setattr(perceptual, "weights_url", lambda: url)
+    said = []
+    # a file whose digest is not the published one: not kept
+    assert perceptual.fetch_weights(said.append) is None
+    assert not perceptual.hub_weights_file().exists() and "not the published one" in said[-1]
+    assert not list(perceptual.hub_weights_file().parent.iterdir())  # no partial file left
+    # the published file: kept in the cache, byte for byte
+    monkeypatch.setattr(perceptual, "ALEXNET_SHA256_PREFIX", hashlib.sha256(content).hexdigest()[:8])
+    got = perceptual.fetch_weights(said.append)
+    assert got == perceptual.hub_weights_file() == home / "hub" / "checkpoints" / "alexnet-owt-7be5be79.pth"
+    assert got.read_bytes() == content and "fetching" in said[-1]
+    n = len(said)
+    assert perceptual.fetch_weights(said.append) == got and len(said) == n  # cached: nothing fetched, nothing said
+    # the opt-out, and an address that cannot be reached
+    got.unlink()
+    monkeypatch.setenv(perceptual.NO_DOWNLOAD_ENV, "1")
+    assert perceptual.fetch_weights(said.append) is None and len(said) == n and not got.exists()
+    monkeypatch.delenv(perceptual.NO_DOWNLOAD_ENV)
+    monkeypatch.setattr(perceptual, "weights_url", lambda: (tmp_path / "absent.pth").as_uri())
+    assert perceptual.fetch_weights(said.append) is None
+    assert "could not fetch" in said[-1] and perceptual.LPIPS_HOWTO in said[-1] and not got.exists()

@@ -77,7 +77,7 @@ def test_leaderboard_and_plot_rebuild_from_the_committed_files(folder, tmp_path,
 def test_rescore_and_the_leaderboard_say_how_many_trials_got_lpips_and_why_not(folder, gleak_cmd, run_env):
     """Without the AlexNet weights no trial gets LPIPS: rescore says 0 of N and why, not 'rescored lpips of N'; the
     leaderboard counts each metric over the finished trials (the label-only ones have no image)."""
-    from gleak.mechanics.metrics import lpips_available
+    from gleak.mechanics.perceptual import lpips_available
 
     if lpips_available():
         pytest.skip("LPIPS backbone weights are on this machine: every trial gets LPIPS")

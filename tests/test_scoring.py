@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from gleak.mechanics import metrics
+from gleak.mechanics import metrics, perceptual, verdicts
 from gleak.reporting.report import (
     aggregate,
     attack_ranking,
@@ -53,18 +53,18 @@ def test_the_blind_guess_is_not_a_partial_leak():
         s = metrics.score(x, y, blind.expand(4, -1, -1, -1).float(), None, blind=blind)
         assert s["verdict"] == "defended"
         assert s["blind"]["blind_mse"] == pytest.approx(s["mse"])
-        bands_alone += metrics.verdict(s["mse"], rule="seed002") != "defended"
+        bands_alone += verdicts.verdict(s["mse"], rule="seed002") != "defended"
     assert bands_alone == 8
 
 
 def test_margin_rule():
-    assert metrics.verdict(0.02, blind_mse=0.05) == "partial"  # in the band, only 4 dB over the blind guess
-    assert metrics.verdict(0.004, blind_mse=0.05) == "recovered"
-    assert metrics.verdict(0.02, blind_mse=0.025) == "defended"  # under 3 dB over the blind guess
-    assert metrics.verdict(0.02, blind_mse=0.025, rule="seed002") == "recovered"
-    assert metrics.verdict(0.0, blind_mse=0.05, complete=False) == "partial"
+    assert verdicts.verdict(0.02, blind_mse=0.05) == "partial"  # in the band, only 4 dB over the blind guess
+    assert verdicts.verdict(0.004, blind_mse=0.05) == "recovered"
+    assert verdicts.verdict(0.02, blind_mse=0.025) == "defended"  # under 3 dB over the blind guess
+    assert verdicts.verdict(0.02, blind_mse=0.025, rule="seed002") == "recovered"
+    assert verdicts.verdict(0.0, blind_mse=0.05, complete=False) == "partial"
     with pytest.raises(ValueError, match="verdict rule"):
-        metrics.verdict(0.1, rule="nope")
+        verdicts.verdict(0.1, rule="nope")
 
 
 def test_psnr_is_capped_so_means_are_finite():
@@ -88,8 +88,8 @@ def test_lpips_upsamples_small_images(random_lpips, side):
     g = torch.Generator().manual_seed(side)
     a = torch.rand(2, 1 if side == 28 else 3, side, side, generator=g)
     b = torch.rand(a.shape, generator=g)
-    same = metrics.lpips(a, a, model=random_lpips)
-    diff = metrics.lpips(a, b, model=random_lpips)
+    same = perceptual.lpips(a, a, model=random_lpips)
+    diff = perceptual.lpips(a, b, model=random_lpips)
     assert same.shape == (2,) and float(same.abs().max()) < 1e-6
     assert bool(torch.isfinite(diff).all()) and float(diff.min()) > 0
 

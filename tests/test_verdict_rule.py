@@ -1,4 +1,4 @@
-"""One verdict per trial (gleak.mechanics.metrics.trial_verdict): the trial judges by its suite's rule and stores the rule with
+"""One verdict per trial (gleak.mechanics.verdicts.trial_verdict): the trial judges by its suite's rule and stores the rule with
 the verdict, `gleak rescore` keeps it, the leaderboard reads it; the published verdicts follow that one function."""
 import dataclasses
 import json
@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from gleak.mechanics import metrics
-from gleak.mechanics.metrics import trial_verdict, verdict
+from gleak.mechanics import metrics, verdicts
+from gleak.mechanics.verdicts import trial_verdict, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def _cfg():
 def test_a_trial_judges_by_its_suites_rule_and_stores_it():
     from gleak.orchestration.trial import run_trial
 
-    rows = {rule: run_trial(dataclasses.replace(_cfg(), verdict=rule)) for rule in metrics.VERDICT_RULES}
+    rows = {rule: run_trial(dataclasses.replace(_cfg(), verdict=rule)) for rule in verdicts.VERDICT_RULES}
     assert rows["margin"]["trial_id"] == rows["seed002"]["trial_id"]  # the rule judges, it computes nothing
     assert (rows["margin"]["verdict"], rows["seed002"]["verdict"]) == ("defended", "partial")
     for rule, row in rows.items():

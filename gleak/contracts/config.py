@@ -211,7 +211,7 @@ class TrialConfig:
     defense_params: dict[str, Any]
     case: CaseConfig
     seed: int
-    # The suite's verdict rule (gleak.mechanics.metrics.VERDICT_RULES): how the trial judges what it computed, stored with its
+    # The suite's verdict rule (gleak.mechanics.verdicts.VERDICT_RULES): how the trial judges what it computed, stored with its
     # verdict; not part of what it computes, so not of its id.
     verdict: str = "margin"
 

@@ -39,7 +39,9 @@ import math
 import torch
 from torch import Tensor
 
-from gleak.mechanics.metrics import RECOVERED_MARGIN_DB, RECOVERED_MSE, mean_image
+from gleak.mechanics.metrics import mean_image
+
+from gleak.mechanics.verdicts import RECOVERED_MARGIN_DB, RECOVERED_MSE
 
 
 def reconstruction_bound(epsilon: float, delta: float, kappa: float) -> float:

@@ -13,31 +13,15 @@ Scoring rules (the leaderboard states them):
   (extra: blind_mse, blind_psnr, blind_ssim) so that a verdict can say whether the attack beat it.
 - PSNR per image is capped at PSNR_CEILING (an exact recovery gives inf or float round-off of 150-300 dB), so
   that means are finite; aggregates rank by the median.
-- Verdict, rule "margin" (default): recovered needs the MSE band of the closed-form notes (MSE < 0.03) AND a margin of at least
-  RECOVERED_MARGIN_DB over the blind guess AND a reconstruction for every image of the batch; partial needs
-  MSE < 0.2 and at least PARTIAL_MARGIN_DB over the blind guess; else defended. Rule "seed002": the MSE bands
-  alone (DLG Fig. 6 as used in the closed-form notes), kept so that suites reproducing the closed-form notes are judged by their rule.
-- One verdict per trial: `trial_verdict`. The trial computes it under its suite's rule and stores the rule beside it
-  (extra verdict_rule); `gleak rescore` and the leaderboard call the same function, so a stored verdict reads the
-  same before and after a rescore.
+- Verdicts: gleak.mechanics.verdicts (one per trial, `trial_verdict`); LPIPS: gleak.mechanics.perceptual.
 
 >>> import torch
 >>> a = torch.zeros(1, 1, 4, 4); b = torch.full((1, 1, 4, 4), 0.1)
 >>> round(float(mse(a, b)[0]), 4), round(float(psnr(a, b)[0]), 2)
 (0.01, 20.0)
->>> verdict(0.01), verdict(0.1), verdict(0.5)
-('recovered', 'partial', 'defended')
->>> verdict(0.01, blind_mse=0.05), verdict(0.001, blind_mse=0.05), verdict(0.001, blind_mse=0.05, rule="seed002")
-('partial', 'recovered', 'recovered')
->>> verdict(0.01, blind_mse=0.0), verdict(0.0, blind_mse=0.0), verdict(0.0, blind_mse=0.05)
-('defended', 'defended', 'recovered')
 """
 from __future__ import annotations
 
-import math
-import os
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,20 +29,13 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from gleak.contracts.errors import InputError
+from gleak.mechanics.perceptual import lpips
+from gleak.mechanics.verdicts import trial_verdict
 
-# Verdict bands of DLG Fig. 6 as used in the closed-form notes: MSE below 0.03 recovered, below 0.2 partial, else defended.
-RECOVERED_MSE = 0.03
-PARTIAL_MSE = 0.2
 # A reconstruction at PSNR above 40 dB counts as exact (Robbing the Fed reports the share of a batch recovered so).
 EXACT_PSNR = 40.0
 # Per-image PSNR above this is float round-off of an exact recovery (MSE 1e-12); capped so that means stay finite.
 PSNR_CEILING = 120.0
-# "margin" verdicts: recovered needs at least 10 dB (a tenth of the MSE) over the blind guess, partial 3 dB (half).
-RECOVERED_MARGIN_DB = 10.0
-PARTIAL_MARGIN_DB = 3.0
-VERDICT_RULES = ("margin", "seed002")
-VERDICT_ORDER = {"defended": 0, "partial": 1, "recovered": 2}
 
 
 def mse(a: Tensor, b: Tensor) -> Tensor:
@@ -145,180 +122,6 @@ def exact_share(truth: Tensor, rec: Tensor, threshold: float = EXACT_PSNR) -> fl
     return float(exact[rows, cols].sum()) / len(truth)
 
 
-def _missing(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def _gain_db(m: float, blind: float) -> float:
-    """How far (dB) the attack's MSE `m` is under the blind guess's `blind`: 10 log10(blind / m). An exact recovery
-    (m = 0) beats any blind guess that is not exact itself (+inf); a blind guess that is exact (the images all equal
-    the mean image) cannot be beaten (-inf for m > 0, 0 dB for m = 0: no gain over it)."""
-    if m > 0 and blind > 0:
-        return 10 * math.log10(blind / m)
-    if m == 0:
-        return math.inf if blind > 0 else 0.0
-    return -math.inf
-
-
-def verdict(mse_value: float | None, blind_mse: float | None = None, rule: str = "margin", complete: bool = True) -> str | None:
-    """The verdict band of one MSE (see the module docstring). `blind_mse`: the blind guess's MSE on the same batch
-    (None: unknown, the bands alone decide); `complete`: every image of the batch had a reconstruction. A trial's
-    verdict is `trial_verdict`, which picks the MSE this reads."""
-    if rule not in VERDICT_RULES:
-        raise ValueError(f"verdict rule must be one of {', '.join(VERDICT_RULES)}, got {rule!r}")
-    if _missing(mse_value):
-        return None
-    m = float(mse_value)
-    if rule == "seed002" or _missing(blind_mse):
-        band = "recovered" if m < RECOVERED_MSE else "partial" if m < PARTIAL_MSE else "defended"
-    else:
-        gain = _gain_db(m, float(blind_mse))
-        if m < RECOVERED_MSE and gain >= RECOVERED_MARGIN_DB:
-            band = "recovered"
-        elif m < PARTIAL_MSE and gain >= PARTIAL_MARGIN_DB:
-            band = "partial"
-        else:
-            band = "defended"
-    if band == "recovered" and not complete:  # an image the attack did not return was not recovered
-        band = "partial"
-    return band
-
-
-def trial_verdict(mse_value: float | None, half_mse: float | None, blind_mse: float | None, matched: Any,
-                  batch_size: Any, rule: str = "margin") -> str | None:  # fmt: skip
-    """A trial's verdict under `rule`, from what its row stores: the batch-mean MSE, the MSE at least half of the
-    batch reaches (extra.half_mse), the blind guess's MSE (extra.blind_mse), the images paired with one of the
-    attack's reconstructions (matched) and the batch size. The one verdict of a trial: the trial (`score`),
-    `gleak rescore` and the leaderboard (for a row stored under another rule) all call it. Unknown matched or
-    batch size: taken as complete (rows stored before `matched` existed)."""
-    if _missing(mse_value):
-        return None
-    complete = _missing(matched) or _missing(batch_size) or float(matched) >= float(batch_size)
-    return verdict(verdict_mse(mse_value, half_mse, rule), blind_mse, rule, complete)
-
-
-def verdict_rule_text(rule: str) -> str:
-    """The rule in words, for the leaderboard."""
-    if rule == "seed002":
-        return (f"Verdict rule 'seed002' (DLG Fig. 6 bands as used in the closed-form notes): MSE < {RECOVERED_MSE} recovered, "
-                f"< {PARTIAL_MSE} partial, else defended; a trial missing a reconstruction is at best partial.")  # fmt: skip
-    return (f"Verdict rule 'margin', on the MSE that at least half of the batch's images reach (each image scored "
-            f"alone, after the optimal pairing): recovered needs it below {RECOVERED_MSE} and at least "
-            f"{RECOVERED_MARGIN_DB:g} dB under the blind guess's MSE (the data set's mean image, scored on the same "
-            f"batch), and a reconstruction for every image of the batch; partial needs it below {PARTIAL_MSE} and "
-            f"{PARTIAL_MARGIN_DB:g} dB under the blind guess; else defended.")  # fmt: skip
-
-
-# ---- LPIPS -----------------------------------------------------------------------------------------------------
-LPIPS_ENV = "GLEAK_LPIPS_BACKBONE"
-_ALEXNET_FILE = "alexnet-owt-7be5be79.pth"  # torchvision's ImageNet AlexNet weights
-LPIPS_HOWTO = (
-    "LPIPS needs torchvision's ImageNet AlexNet weights: put alexnet-owt-7be5be79.pth in the torch hub cache "
-    "($TORCH_HOME/hub/checkpoints) or name the file with $GLEAK_LPIPS_BACKBONE or --lpips-backbone"
-)
-
-
-def alexnet_weights_path(explicit: str | os.PathLike | None = None) -> Path | None:
-    """Where the AlexNet backbone weights are, or None. Order: explicit path, $GLEAK_LPIPS_BACKBONE, hub cache."""
-    if explicit:
-        p = Path(explicit).expanduser()
-        if not p.is_file():
-            raise FileNotFoundError(f"LPIPS backbone weights not found at {p}")
-        return p
-    env = os.environ.get(LPIPS_ENV)
-    if env:
-        p = Path(env).expanduser()
-        if not p.is_file():
-            raise FileNotFoundError(f"${LPIPS_ENV} names {p}, which does not exist")
-        return p
-    hub = Path(torch.hub.get_dir()) / "checkpoints" / _ALEXNET_FILE
-    return hub if hub.is_file() else None
-
-
-def check_lpips_weights(path: str | os.PathLike, name: str) -> None:
-    """InputError (one line naming `name`, the flag or variable that gave the file) unless `path` is a file that
-    torch reads as AlexNet's state dict (every key of torchvision's AlexNet, each of its shape): checked once
-    before any trial runs, so that a wrong file is one line and not a failure of every trial."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise InputError(f"{name}: {path} not found")
-    try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - random bytes, a truncated zip, a pickle of other objects: all one line
-        raise InputError(f"{name}: {path} is not a weights file torch can read ({type(exc).__name__}); "
-                         f"it must be torchvision's {_ALEXNET_FILE}") from None  # fmt: skip
-    import torchvision
-
-    with torch.device("meta"):  # the shapes only: nothing allocated
-        want = {k: tuple(v.shape) for k, v in torchvision.models.alexnet().state_dict().items()}
-    if not isinstance(state, dict):
-        raise InputError(f"{name}: {path} holds a {type(state).__name__}, not AlexNet's state dict ({_ALEXNET_FILE})")
-    for key, shape in want.items():
-        got = state.get(key)
-        if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape or not got.is_floating_point():
-            what = "missing" if got is None else f"of shape {tuple(getattr(got, 'shape', ()))}, not {shape}"
-            raise InputError(f"{name}: {path} is not AlexNet's state dict ({_ALEXNET_FILE}): {key} is {what}")
-
-
-@lru_cache(maxsize=2)
-def _lpips_model(weights: str):
-    import lpips
-    import torchvision
-
-    # Build the LPIPS skeleton without fetching anything, then load the real backbone from `weights`:
-    # the random initialisation below is overwritten before the model is used.
-    skeleton = True
-    model = lpips.LPIPS(net="alex", version="0.1", pretrained=True, pnet_rand=skeleton, verbose=False)
-    alex = torchvision.models.alexnet()
-    alex.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    feats = alex.features
-    slices = [model.net.slice1, model.net.slice2, model.net.slice3, model.net.slice4, model.net.slice5]
-    for sl in slices:
-        for idx, layer in sl._modules.items():
-            layer.load_state_dict(feats[int(idx)].state_dict())
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
-
-
-def lpips_available(explicit: str | None = None) -> bool:
-    try:
-        return alexnet_weights_path(explicit) is not None
-    except FileNotFoundError:
-        return False
-
-
-# AlexNet's feature stack needs about 31 px; gradient-inversion papers report LPIPS on CIFAR's 32 px images.
-LPIPS_MIN_SIDE = 32
-
-
-def lpips(a: Tensor, b: Tensor, weights: str | os.PathLike | None = None, model: Any = None) -> Tensor | None:
-    """Per-image LPIPS v0.1 (AlexNet), or None when the backbone weights are not on this machine.
-
-    Images whose shorter side is under LPIPS_MIN_SIDE (32 px) are upsampled bilinearly (antialias off,
-    align_corners False) until it is 32 px, aspect kept, before the backbone: the CIFAR size at which the
-    gradient-inversion literature reports LPIPS (Geiping et al. 2020 and breaching compute it on 32 px images), and
-    the usual way to score MNIST's 28 px and smaller images with the AlexNet backbone, which rejects them otherwise
-    ("Output size is too small"). Grey images are repeated over three channels. `model`: an LPIPS module to use
-    instead of the one built from `weights` (tests only)."""
-    if model is None:
-        path = alexnet_weights_path(weights)
-        if path is None:
-            return None
-        model = _lpips_model(str(path))
-    a3, b3 = a.float(), b.float()
-    if a3.shape[1] == 1:
-        a3, b3 = a3.expand(-1, 3, -1, -1), b3.expand(-1, 3, -1, -1)
-    side = min(a3.shape[-2:])
-    if side < LPIPS_MIN_SIDE:
-        size = tuple(int(math.ceil(s * LPIPS_MIN_SIDE / side)) for s in a3.shape[-2:])
-        up = lambda t: torch.nn.functional.interpolate(t, size=size, mode="bilinear", align_corners=False)  # noqa: E731
-        a3, b3 = up(a3), up(b3)
-    with torch.no_grad():
-        return model(a3 * 2 - 1, b3 * 2 - 1).flatten().double()
-
-
 def score(
     truth_images: Tensor,
     truth_labels: Tensor,
@@ -383,12 +186,6 @@ def original_scores(images: Tensor, labels: Tensor, rec_images: Tensor | None, r
         return {}
     s = score(images, labels, rec_images, rec_labels, lpips_weights, blind, rule)
     return {f"{k}_original": s[k] for k in ORIGINAL_METRICS if s[k] is not None}
-
-
-def verdict_mse(mean_mse: float | None, half_mse: float | None, rule: str) -> float | None:
-    """The MSE a trial's verdict reads: under "margin" the MSE at least half of the batch's images reach (an image is
-    a person's data: half the batch recovered exactly is a leak); under "seed002" the batch mean, as the closed-form notes do."""
-    return half_mse if rule == "margin" and not _missing(half_mse) else mean_mse
 
 
 def blind_scores(truth_images: Tensor, guess: Tensor) -> dict[str, float]:

@@ -70,7 +70,7 @@ class ImageModality:
             extra["epsilon"] = eps
         extra.update(scores.pop("blind"))
         if scores["verdict"] is not None:
-            extra["verdict_rule"] = cfg.verdict  # the rule of the stored verdict (gleak.mechanics.metrics.trial_verdict)
+            extra["verdict_rule"] = cfg.verdict  # the rule of the stored verdict (gleak.mechanics.verdicts.trial_verdict)
         scores["extra"] = extra
         return Finished(scores, (truth.images(), rec_images), (truth.images(), truth.y, rec_images, rec_y, blind, original))
 

@@ -139,7 +139,7 @@ def coverage(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], metrics: li
              lpips_weights: str | None = None) -> dict[str, tuple[int, str | None]]:  # fmt: skip
     """metric -> (how many of the rescored rows got a value, why the others did not, None where all did): a count
     of rows rescored says nothing when LPIPS gave none of them a value for want of its backbone weights."""
-    from gleak.mechanics.metrics import lpips_available
+    from gleak.mechanics.perceptual import lpips_available
 
     out: dict[str, tuple[int, str | None]] = {}
     for m in metrics:

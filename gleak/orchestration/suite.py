@@ -80,7 +80,7 @@ class Suite:
     save_images: bool = True
     extra_tables: dict[str, Any] = field(default_factory=dict)
     utility: UtilityConfig | None = None  # the [utility] table, validated
-    verdict: str = "margin"  # the verdict rule of its leaderboard (gleak.mechanics.metrics.VERDICT_RULES)
+    verdict: str = "margin"  # the verdict rule of its leaderboard (gleak.mechanics.verdicts.VERDICT_RULES)
     claims: list[dict[str, Any]] = field(default_factory=list)  # the [[claim]] tables, validated (gleak.reporting.claims)
     device: str | None = None  # [suite] device, as written (gleak.mechanics.device: resolved when the suite runs)
     # kind -> plugin name -> the parameters the file sets for it: the reports show them with their values even where
@@ -535,7 +535,7 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     if not isinstance(description, str):
         raise where.error("suite", "description", "must be a string")
     seeds = _seeds(meta.get("seeds", [0]), where, "suite")
-    from gleak.mechanics.metrics import VERDICT_RULES
+    from gleak.mechanics.verdicts import VERDICT_RULES
 
     verdict = meta.get("verdict", "margin")
     if verdict not in VERDICT_RULES:

@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gleak.mechanics.metrics import PSNR_CEILING, VERDICT_ORDER, trial_verdict
+from gleak.mechanics.metrics import PSNR_CEILING
+
+from gleak.mechanics.verdicts import VERDICT_ORDER, trial_verdict
 from gleak.mechanics.text.metrics import TEXT_VERDICT_RULE
 from gleak.orchestration.store import DONE, NOT_APPLICABLE
 from gleak.reporting.attribution import attribute_measured_configuration
@@ -155,7 +157,7 @@ def extra_value(js: Any, key: str) -> float | None:
 
 def apply_verdicts(df: pd.DataFrame, rule: str = "margin") -> pd.DataFrame:
     """Each trial's verdict under the suite's rule: the stored one where the row was judged by that rule (extra
-    verdict_rule), else gleak.mechanics.metrics.trial_verdict on its stored scores (rows from before the rule was stored, or
+    verdict_rule), else gleak.mechanics.verdicts.trial_verdict on its stored scores (rows from before the rule was stored, or
     judged for a suite with another rule); blind_* columns from extra beside it."""
     df = df.copy()
     for k in ("blind_mse", "blind_psnr", "blind_ssim", "half_mse"):

@@ -7,7 +7,11 @@ from typing import Any
 
 import pandas as pd
 
-from gleak.mechanics.metrics import LPIPS_HOWTO, PSNR_CEILING, verdict_rule_text
+from gleak.mechanics.metrics import PSNR_CEILING
+
+from gleak.mechanics.verdicts import verdict_rule_text
+
+from gleak.mechanics.perceptual import LPIPS_HOWTO
 from gleak.orchestration.store import DONE, NOT_APPLICABLE
 from gleak.reporting.aggregate import CASE_KEYS, as_float, extra_value, varying_keys
 from gleak.reporting.attribution import undefended_baseline
