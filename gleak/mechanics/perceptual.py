@@ -76,24 +76,26 @@ def fetch_weights(say: Any = None) -> Path | None:
     import tempfile
     import urllib.request
 
+    partial = None  # the download's temporary file, removed unless it becomes the cached file
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         h = hashlib.sha256()
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as src, tempfile.NamedTemporaryFile(
             dir=target.parent, prefix=f".{_ALEXNET_FILE}.", delete=False
         ) as tmp:  # fmt: skip
+            partial = tmp.name
             for block in iter(lambda: src.read(1 << 20), b""):
                 h.update(block)
                 tmp.write(block)
         if not h.hexdigest().startswith(ALEXNET_SHA256_PREFIX):
-            os.unlink(tmp.name)
+            os.unlink(partial)
             say(f"LPIPS: the file fetched from {url} is not the published one (SHA-256 {h.hexdigest()[:8]}..., "
                 f"expected {ALEXNET_SHA256_PREFIX}...): not kept; LPIPS stays empty")  # fmt: skip
             return None
-        os.replace(tmp.name, target)
+        os.replace(partial, target)
     except OSError as exc:  # offline, refused, a read-only cache: LPIPS stays empty, the run goes on
-        if "tmp" in locals() and os.path.exists(tmp.name):
-            os.unlink(tmp.name)
+        if partial is not None and os.path.exists(partial):
+            os.unlink(partial)
         reason = getattr(exc, "reason", None) or exc.strerror or type(exc).__name__
         say(f"LPIPS: could not fetch the weights ({reason}); LPIPS stays empty. {LPIPS_HOWTO}")
         return None
@@ -115,6 +117,15 @@ def alexnet_weights_path(explicit: str | os.PathLike | None = None) -> Path | No
         return p
     hub = hub_weights_file()
     return hub if hub.is_file() else None
+
+
+def check_published(path: str | os.PathLike, name: str) -> None:
+    """InputError (one line naming `name` and the file) unless the file's SHA-256 begins with the published digest:
+    a random or other backbone would score nothing perceptual."""
+    digest = sha256_of(path)
+    if not digest.startswith(ALEXNET_SHA256_PREFIX):
+        raise InputError(f"{name}: {path} is not torchvision's ImageNet AlexNet weights {_ALEXNET_FILE} (its SHA-256 "
+                         f"begins {digest[:8]}, the published file's {ALEXNET_SHA256_PREFIX})")  # fmt: skip
 
 
 def check_lpips_weights(path: str | os.PathLike, name: str) -> None:
@@ -141,10 +152,7 @@ def check_lpips_weights(path: str | os.PathLike, name: str) -> None:
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape or not got.is_floating_point():
             what = "missing" if got is None else f"of shape {tuple(getattr(got, 'shape', ()))}, not {shape}"
             raise InputError(f"{name}: {path} is not AlexNet's state dict ({_ALEXNET_FILE}): {key} is {what}")
-    digest = sha256_of(p)
-    if not digest.startswith(ALEXNET_SHA256_PREFIX):  # a random or other backbone would score nothing perceptual
-        raise InputError(f"{name}: {path} is not torchvision's ImageNet AlexNet weights {_ALEXNET_FILE} (its SHA-256 "
-                         f"begins {digest[:8]}, the published file's {ALEXNET_SHA256_PREFIX})")  # fmt: skip
+    check_published(p, name)
 
 
 @lru_cache(maxsize=2)
@@ -152,10 +160,7 @@ def _lpips_model(weights: str):
     import lpips
     import torchvision
 
-    digest = sha256_of(weights)
-    if not digest.startswith(ALEXNET_SHA256_PREFIX):  # never score with a random or foreign backbone
-        raise InputError(f"{weights}: not torchvision's ImageNet AlexNet weights {_ALEXNET_FILE} (its SHA-256 begins "
-                         f"{digest[:8]}, the published file's {ALEXNET_SHA256_PREFIX}); LPIPS refuses it")  # fmt: skip
+    check_published(weights, "LPIPS backbone")  # never score with a random or foreign backbone
 
     # Build the LPIPS skeleton without fetching anything, then load the real backbone from `weights`:
     # the random initialisation below is overwritten before the model is used.
