@@ -73,7 +73,7 @@ def test_claims_parse_with_resolved_names(tmp_path):
     assert len(s.trials) == 6  # claims add no trials
 
 
-def _row(attack, aware, psnr, verdict, dp='{"k1": 0.05}', recovered=None, defense="dgp", batch=1, trials=3):
+def _row(attack, aware, psnr, verdict, dp='{"k1": 0.05}', recovered=None, defense="dgp", batch=1, trials=5):
     return {"dataset": "skimage", "model": "mlp", "batch_size": batch, "variant": "", "defense": defense,
             "defense_params": dp, "attack": attack, "attack_params": json.dumps({"defense_aware": True} if aware else {}),
             "psnr": psnr, "mse_median": 10 ** (-psnr / 10), "verdict": verdict, "recovered": recovered,
@@ -132,17 +132,46 @@ def test_the_adaptive_side_decides_and_a_leak_claim_can_be_not_reproduced():
     assert judge(CLAIM_D, plain)["verdict"] == "holds"
     assert judge({**CLAIM_D, "expect": "leaks"}, agg)["verdict"] == "holds"
     assert judge({**CLAIM_D, "expect": "leaks"}, plain)["verdict"] == "not reproduced"
-    assert "3/3 recovered [95% 44%, 100%]" in judge(CLAIM_D, agg)["why"]
+    assert "5/5 recovered [95% 57%, 100%]" in judge(CLAIM_D, agg)["why"]
 
 
 def test_not_applicable_attacks_are_named_and_a_protocol_in_the_case_keeps_its_twin():
     sa = {**_row("closed-form", False, 12.0, "defended", dp="{}", defense="sa", recovered=0.0),
           "case": json.dumps({"batch_size": 1, "protocol": "secure-aggregation"})}  # fmt: skip
-    na = {**_row("fishing", False, float("nan"), None, dp="{}", defense="sa"), "not_applicable": 3, "case": sa["case"]}
+    na = {**_row("fishing", False, float("nan"), None, dp="{}", defense="sa", trials=3), "not_applicable": 3, "case": sa["case"]}
     base = {**_none("closed-form", 120.0, "recovered"), "case": json.dumps({"batch_size": 1, "protocol": "fedsgd"})}
     claim = {**CLAIM_D, "defense": "sa", "attacks": ["closed-form", "fishing"]}
     j = judge(claim, pd.DataFrame([base, sa, na]).assign(psnr=lambda d: d["psnr"].where(d["psnr"].notna(), None)))
     assert j["verdict"] == "holds" and "not applicable at this setting" in j["why"] and "fishing" in j["why"], j["why"]
+
+
+def test_a_defended_claim_never_holds_with_a_recovered_victim_and_needs_five():
+    # The cell's majority verdict is defended, but 1 of 5 victims is recovered: the claim falls, saying so.
+    one = pd.DataFrame([_none("closed-form", 120.0, "recovered"), _row("closed-form", False, 11.0, "defended", recovered=0.2)])
+    j = judge(CLAIM_D, one)
+    assert j["verdict"] == "falls" and "falls for 1 of 5 victims" in j["why"], j["why"]
+    # recovered victims count over every deciding cell, not only the strongest
+    two = pd.DataFrame([_none("closed-form", 120.0, "recovered"), _none("rgap", 120.0, "recovered"),
+                        _row("closed-form", False, 15.0, "defended", recovered=0.0),
+                        _row("rgap", False, 11.0, "defended", recovered=0.4)])  # fmt: skip
+    j = judge({**CLAIM_D, "attacks": ["closed-form", "rgap"]}, two)
+    assert j["verdict"] == "falls" and "2 of 10 victims" in j["why"], j["why"]
+    # none recovered of 3: too few to say "no input"
+    few = pd.DataFrame([_none("closed-form", 120.0, "recovered"), _row("closed-form", False, 11.0, "defended", recovered=0.0, trials=3)])
+    assert judge(CLAIM_D, few)["verdict"] == "inconclusive"
+    assert judge(CLAIM_D, one.assign(recovered=[1.0, 0.0]))["verdict"] == "holds"
+
+
+def test_most_inputs_needs_more_than_half_of_the_samples_recovered():
+    leak = {**CLAIM_D, "expect": "leaks", "quantifier": "most inputs"}
+    cell = _row("imprint", False, 20.0, "partial", recovered=0.0)
+    base = _none("imprint", 120.0, "recovered")
+    few = pd.DataFrame([base, {**cell, "extra": {"share_psnr40": 0.3}}])
+    j = judge({**leak, "attacks": ["imprint"]}, few)
+    assert j["verdict"] == "not reproduced" and "30%" in j["why"], j["why"]
+    many = pd.DataFrame([base, {**cell, "extra": {"share_psnr40": 0.7}}])
+    assert judge({**leak, "attacks": ["imprint"]}, many)["verdict"] == "holds"
+    assert judge({**leak, "attacks": ["imprint"], "quantifier": "some input"}, few)["verdict"] == "holds"
 
 
 def test_wilson_interval():

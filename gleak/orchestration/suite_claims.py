@@ -9,7 +9,12 @@ from gleak.contracts.config import CASE_FIELDS
 from gleak.contracts.errors import UnknownPluginError, Where
 from gleak.contracts.errors import did_you_mean as _close
 
-CLAIM_KEYS = {"source", "claim", "setting", "defense", "defense_params", "attacks", "attack_params", "case", "expect"}
+CLAIM_KEYS = {"source", "claim", "setting", "defense", "defense_params", "attacks", "attack_params", "case", "expect",
+              "quantifier"}
+# A claim's quantifier (gleak.reporting.claims): "no input" (expect defended: no deciding victim is recovered),
+# "some input" (expect leaks: a deciding attack leaks), "most inputs" (expect leaks: more than half of the deciding
+# samples are recovered exactly).
+QUANTIFIERS = {"defended": ("no input",), "leaks": ("some input", "most inputs")}
 EXPECT = ("defended", "leaks")  # a claim's `expect`: what its attacks' verdict must be (gleak.reporting.claims judges it)
 
 
@@ -36,6 +41,10 @@ def parse_claims(raw: Any, where: Where) -> list[dict[str, Any]]:
                 raise where.error(t, k, f"must be a non-empty string, got {c[k]!r}")
         if c["expect"] not in EXPECT:
             raise where.error(t, "expect", f"must be one of {', '.join(map(repr, EXPECT))}, got {c['expect']!r}")
+        quantifier = c.get("quantifier", QUANTIFIERS[c["expect"]][0])
+        if quantifier not in QUANTIFIERS[c["expect"]]:
+            raise where.error(t, "quantifier", f"with expect = {c['expect']!r} must be one of "
+                                               f"{', '.join(map(repr, QUANTIFIERS[c['expect']]))}, got {quantifier!r}")  # fmt: skip
         try:
             defense = registry.resolve_name("defense", c["defense"])
             info = registry.plugin_info("defense", defense)
@@ -69,7 +78,8 @@ def parse_claims(raw: Any, where: Where) -> list[dict[str, Any]]:
         case = _claim_case(c.get("case", {}), t, where)
         out.append({"source": c["source"], "claim": c["claim"], "setting": c.get("setting", ""), "defense": defense,
                     "defense_params": dict(params), "attacks": names, "attack_params": dict(attack_params),
-                    "case": case, "expect": c["expect"]})  # fmt: skip
+                    "case": case, "expect": c["expect"],
+                    **({"quantifier": quantifier} if quantifier != QUANTIFIERS[c["expect"]][0] else {})})  # fmt: skip
     return out
 
 

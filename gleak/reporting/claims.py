@@ -10,8 +10,11 @@ attacks at other settings are shown beside it ("at another setting") and never d
 it recovers the undefended case of the same setting (same data set, model, batch size and case variant, same attack
 parameters): an attack that fails without a defense can neither credit nor blame one. The verdicts:
 
-- holds: expect defended, and no deciding attack's verdict is partial or recovered; or expect leaks, and one is.
-- falls: expect defended, and a deciding attack still leaks (partial or recovered) through the defense.
+- holds: expect defended, no deciding cell's verdict is partial or recovered, and no deciding trial (over every
+  deciding cell, at least 5) is recovered; or expect leaks and one leaks ("most inputs": more than half of the
+  samples recovered exactly).
+- falls: expect defended, and a deciding attack still leaks (partial or recovered) through the defense, or k > 0
+  deciding trials are recovered ("falls for k of n victims").
 - not reproduced: expect leaks, and no deciding attack leaks through the defense (the claimed leak is not shown by
   our strongest attack at the paper's setting).
 - inconclusive: no attack at the setting recovers the undefended case, so no attack can judge the defense.
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +122,30 @@ def recovered_count(r: Any) -> tuple[int, int] | None:
     return (int(round(float(r["recovered"]) * n)), n) if n > 0 else None
 
 
+@lru_cache(maxsize=256)
+def _defaults(attack: str) -> dict[str, Any]:
+    from gleak.contracts.registry import create
+
+    try:
+        return json.loads(json.dumps(create("attack", attack).get_params(), default=str))
+    except Exception:  # noqa: BLE001 - an attack not loadable now: its variant unnamed
+        return {}
+
+
+def variant_text(attack: str, params_js: Any) -> str:
+    """The attack's parameters that differ from its defaults ('gain=1000000.0'), so that a row names the variant
+    that decides it; defense_aware is said in words by the caller."""
+    base = _defaults(attack)
+    diff = [f"{k}={v}" for k, v in sorted(_params(params_js).items())
+            if k != "defense_aware" and k in base and (base[k] or None) != (v or None)]  # {} and None: both unset
+    return f" [{', '.join(diff)}]" if diff else ""
+
+
 def evidence_text(r: Any) -> str:
-    """'attack: verdict at P dB, k/n recovered [lo, hi]' of one aggregated cell."""
+    """'attack [variant] (knows the defense): verdict at P dB, k/n recovered [lo, hi]' of one aggregated cell."""
     if r is None:
         return "-"
-    aware = " (knows the defense)" if _is_aware(r["attack_params"]) else ""
+    aware = variant_text(r["attack"], r["attack_params"]) + (" (knows the defense)" if _is_aware(r["attack_params"]) else "")
     kn = recovered_count(r)
     rate = ""
     if kn is not None:
@@ -157,7 +180,48 @@ def judge(claim: dict[str, Any], agg: pd.DataFrame) -> dict[str, Any]:
     aware = fit["attack_params"].map(_is_aware)
     out["plain"], out["adaptive"] = _strongest(fit[~aware]), _strongest(fit[aware])
     said = _verdict(claim["expect"], out["plain"], out["adaptive"], twins, fit)
+    said = _quantified(claim, said, fit, out["plain"], out["adaptive"])
     return {**out, **said, "why": said["why"] + out.get("not_applicable", "")}
+
+
+MIN_VICTIMS = 5  # a claim that no input is recovered needs at least this many deciding trials
+
+
+def _quantified(claim: dict[str, Any], said: dict[str, str], fit: pd.DataFrame, plain: Any, adaptive: Any) -> dict[str, str]:
+    """The claim's quantifier over the deciding trials, after the cells' verdicts: "no input" (expect defended)
+    holds only where none of n >= MIN_VICTIMS deciding trials, over every deciding cell, is recovered; k > 0 falls
+    "for k of n victims". "most inputs" (expect leaks) holds only where the strongest leaking cell recovers more
+    than half of its batches' samples exactly (extra.share_psnr40, else its share of trials recovered)."""
+    quantifier = claim.get("quantifier", "no input" if claim["expect"] == "defended" else "some input")
+    if quantifier == "no input" and said["verdict"] == "holds":
+        counts = [(r, recovered_count(r)) for _, r in fit.iterrows()]
+        k = sum(kn[0] for _, kn in counts if kn is not None)
+        n = sum(kn[1] for _, kn in counts if kn is not None)
+        lo, hi = wilson(k, n) or (0.0, 1.0)
+        if k:
+            worst = max((r for r, kn in counts if kn is not None and kn[0]), key=lambda r: recovered_count(r)[0])
+            return {"verdict": "falls", "why": f"falls for {k} of {n} victims [95% {lo:.0%}, {hi:.0%}]: {evidence_text(worst)}"}
+        if n < MIN_VICTIMS:
+            return {"verdict": "inconclusive", "why": f"0 of {n} deciding trials recovered: at least {MIN_VICTIMS} are "
+                                                      f"needed to say that no input is recovered; {said['why']}"}  # fmt: skip
+        return {"verdict": "holds", "why": f"0 of {n} deciding trials recovered [95% {lo:.0%}, {hi:.0%}]; {said['why']}"}
+    if quantifier == "most inputs" and said["verdict"] == "holds":
+        leaking = [r for r in (plain, adaptive) if r is not None and r["verdict"] in LEAKING]
+        share = max((_recovered_share(r) for r in leaking), default=0.0)
+        if share <= 0.5:
+            return {"verdict": "not reproduced", "why": f"most inputs: the strongest deciding attack recovers {share:.0%} "
+                                                        f"of the samples exactly (more than half needed); {said['why']}"}  # fmt: skip
+        return {"verdict": "holds", "why": f"{share:.0%} of the samples recovered exactly; {said['why']}"}
+    return said
+
+
+def _recovered_share(r: Any) -> float:
+    """A cell's mean share of its batches' samples recovered exactly (extra.share_psnr40), else its share of
+    trials recovered."""
+    extra = r.get("extra") if isinstance(r.get("extra"), dict) else {}
+    if extra.get("share_psnr40") is not None:
+        return float(extra["share_psnr40"])
+    return float(r.get("recovered") or 0.0)
 
 
 def _twin_of(r: Any, twins: dict, fit: pd.DataFrame) -> Any:
@@ -233,9 +297,10 @@ def best_image(r: Any, df: pd.DataFrame | None) -> str | None:
 RULES = ("One verdict per claim, judged only on the cells at the claim's own setting (its `setting`; cells of the same "
          "defense and attacks at other settings are listed, never deciding). An attack decides only where it recovers "
          "the undefended case of the same setting (same data set, model, batch size and attack parameters): an attack "
-         "that fails without a defense can neither credit nor blame one. holds: expects defended and no deciding "
-         "attack's verdict is partial or recovered, or expects leaks and one is; falls: expects defended and a "
-         "deciding attack still leaks; not reproduced: expects leaks and no deciding attack leaks; inconclusive: no "
+         "that fails without a defense can neither credit nor blame one. holds: expects defended, no deciding "
+         "attack's verdict is partial or recovered and none of n >= 5 deciding trials is recovered, or expects leaks "
+         "and one leaks (\"most inputs\": more than half of the samples recovered exactly); falls: expects defended "
+         "and a deciding attack still leaks, or k of n deciding trials are recovered; not reproduced: expects leaks and no deciding attack leaks; inconclusive: no "
          "attack at the setting recovers the undefended case; not run: no trial at the setting. Each side is the "
          "deciding attack with the highest median PSNR; the attack that knows the defense is the same attack with "
          "defense_aware = true (the defense's name and parameters, never its randomness). Recovered: the trials whose "
