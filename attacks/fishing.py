@@ -31,13 +31,17 @@ def hidden_mlp(model: nn.Module) -> tuple[nn.Linear, nn.Linear] | None:
 
 
 def target_class(fixed: int | None, knowledge: Knowledge) -> int:
-    """The class fished: `fixed`, else the rarest label of the target's batch (ties: the smallest class), as the
-    reference's server picks a class from the labels of its first query and prefers one without collisions."""
+    """The class fished: `fixed`, else the rarest class behind the observed update (ties: the smallest class), read
+    from the server's first query (knowledge.label_counts, gleak.mechanics.label_query): as the reference's server
+    picks a class from its first query and prefers one without collisions. Through a secure sum the counts are the
+    sum's, so the class singles out some client's sample, the victim's only where the class is the victim's."""
     if fixed is not None:
         if not 0 <= fixed < knowledge.num_classes:
             raise UnsupportedCase(f"target_class {fixed} is not a class of this data set ({knowledge.num_classes})")
         return fixed
-    counts = torch.bincount(knowledge.labels, minlength=knowledge.num_classes)
+    if knowledge.label_counts is None:
+        raise UnsupportedCase("fishing without target_class reads the label counts of a first query round")
+    counts = knowledge.label_counts.to(torch.long)
     counts = torch.where(counts > 0, counts, torch.full_like(counts, 1 << 30))
     return int(torch.argmin(counts))
 
@@ -71,8 +75,9 @@ class Fishing(Attack):
     Parameters
     ----------
     mode: "feature" (default) or "class".
-    target_class: the class fished; None (default): the rarest label of the target's batch (needs "labels": the
-        reference's server reads them from a first query, query_once_for_labels).
+    target_class: the class fished; None (default): the rarest class behind the observed update, read from a first
+        query round (needs "label_counts"; the reference's server reads the user's labels from its first query,
+        query_once_for_labels: here the query's update is read, so through a secure sum the counts are the sum's).
     class_multiplier, bias_multiplier: the reference's 0.5 and 1000.
     features: feature mode: how many units are cut (None: every unit of the hidden layer).
     fire_rate: feature mode: the share of inputs each cut unit fires for; None (default): log-spaced from 1/2 to
@@ -104,7 +109,7 @@ class Fishing(Attack):
         self.mode, self.target_class, self.recovery = mode, target_class, recovery
         self.class_multiplier, self.bias_multiplier = float(class_multiplier), float(bias_multiplier)
         self.features, self.fire_rate = features, fire_rate
-        needs = {"architecture", "batch_size"} | ({"labels"} if target_class is None else set())
+        needs = {"architecture", "batch_size"} | ({"label_counts"} if target_class is None else set())
         self.needs = frozenset(needs | ({"public_data"} if mode == "feature" else set()))
         self._reader = create("attack", "closed-form") if recovery == "closed-form" else None
 
@@ -162,6 +167,9 @@ class Fishing(Attack):
         # too: the target's (every client of a case holds as many samples).
         counts = -db * float(k.batch_size) / (self.class_multiplier * step)
         x, extra = single_samples(dw, db, counts)
+        # At most one image per sample behind the update (the allowance of every attack): the rows closest to
+        # counting one sample first, so that noise that makes many rows look single keeps the likeliest.
+        x = x[: int(u.num_samples)] if u.num_samples is not None else x
         extra["target_class"] = t
         return Reconstruction(x=x.to(u[f"{name}.weight"].dtype).reshape(len(x), *k.input_shape),
                               y=torch.full((len(x),), t, dtype=torch.long), extra=extra)  # fmt: skip

@@ -227,7 +227,9 @@ class Imprint(DefenseAware, Attack):
         ddw = torch.cat([dw[:-1] - dw[1:], dw[-1:]])
         ddb = torch.cat([db[:-1] - db[1:], db[-1:]])
         usable = torch.nonzero(ddb != 0).flatten()
-        batch = k.batch_size or 1
+        # One row per sample behind the observed update (summed over clients through a secure sum): the same
+        # allowance as every attack (gleak.mechanics.modality), read from the wire where "batch_size" grants it.
+        batch = int(update.num_samples) if update.num_samples is not None else (k.batch_size or 1)
         score = ddw[usable].mean(dim=1) if self.selection == "weight" else ddb[usable]
         rows = usable[torch.argsort(score.abs(), descending=True, stable=True)][:batch]
         # One image per sample: where fewer bins can be read (collisions, pruning) the rest is the blind guess, the

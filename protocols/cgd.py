@@ -150,6 +150,7 @@ class _ConfinedTraining(Protocol):
         return out
 
     shared_model = per_client_models = False  # every participant computes at its own confined model
+    observes_sum = True  # the aggregator reads the secure sum of the honest participants, never one of them
     models_held = "each participant draws and steps its own confined model; the server sends none"
 
     def train_utility(
@@ -300,6 +301,10 @@ class CGD(_ConfinedTraining):
     def attack_cols(self) -> int:
         """Feature blocks per client in attack trials: the partition's cols with split_features, else 1."""
         return Partition.parse(self.partition).cols if self.split_features else 1
+
+    def observed_clients(self, clients: int) -> int:
+        """The honest sample blocks (the colluders' own are subtracted from the sum the adversary reads)."""
+        return clients - self.colluders_at(clients) // self.attack_cols()
 
     def colluders_at(self, clients: int) -> int:
         """t colluding participants. Whole samples: the last t clients (default m - 2). Split features: whole sample

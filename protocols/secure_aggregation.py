@@ -30,6 +30,8 @@ class SecureAggregation(Protocol):
     Also accepted as a defense (`[[defense]] name = "secure-aggregation"`), its historical spelling.
     """
 
+    observes_sum = True
+
     def __init__(self, local_steps: int | None = None, local_lr: float = 0.1, local_batch_size: int | None = None):
         check_local_steps(local_steps, local_lr, local_batch_size)
         self.local_steps, self.local_lr, self.local_batch_size = local_steps, local_lr, local_batch_size

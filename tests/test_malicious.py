@@ -3,6 +3,7 @@ built on it (model inconsistency, Fishing, trap weights), through secure aggrega
 import json
 import statistics
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
@@ -59,10 +60,49 @@ def test_the_dead_model_sends_nothing_but_its_label_counts():
 
 
 # ---- Fishing ------------------------------------------------------------------------------------------------------
-def test_fishing_singles_out_the_target_of_an_aggregate_of_32():
-    rows = [_trial("fishing", {}, _case(32, 1), s) for s in SEEDS]
-    exact = [r["psnr"] >= 40 for r in rows]
-    assert sum(exact) >= 4, [r["psnr"] for r in rows]
+def test_fishing_through_a_secure_sum_fishes_a_class_of_the_sum_and_finds_the_victim_only_in_its_class():
+    # No label reaches Fishing through the sum: its first query reads the sum's label counts (gleak.mechanics.
+    # label_query), it fishes the rarest class there and singles out one sample of the 32, the victim's only where
+    # that class is the victim's.
+    hits = 0
+    for s in SEEDS:
+        cfg = TrialConfig("t", "fishing", {}, "none", {}, _case(32, 1), s)
+        labels = torch.cat([b.y for b in draw_batches(load_case_data(cfg), cfg, torch.float32)])
+        row = run_trial(cfg)
+        e = _extra(row)
+        assert row["status"] == "ok" and e["observed_share_psnr40"] * 32 >= 1, (row["error"], e)
+        counts = torch.bincount(labels, minlength=10)
+        assert counts[e["target_class"]] == counts[counts > 0].min()  # the rarest class of the sum, from the query
+        assert (row["psnr"] >= 40) == (e["target_class"] == int(labels[0])), (s, row["psnr"], e["target_class"], int(labels[0]))
+        hits += row["psnr"] >= 40
+    assert hits < len(SEEDS)  # the victim is not singled out by construction
+
+
+def test_the_label_query_reads_the_label_counts_of_a_sum_exactly():
+    from gleak.mechanics.label_query import query_model, read_counts
+    from gleak.mechanics.protocol import fedsgd_update
+    from gleak.contracts.wire import Update
+
+    cfg = TrialConfig("t", "x", {}, "none", {}, _case(8, 3), 0)
+    ds = load_case_data(cfg)
+    batches = draw_batches(ds, cfg, torch.float32)
+    query = query_model(create_model("mlp", ds.input_shape, 10, seed=0), 10)
+    total = Update.sum([fedsgd_update(query, b) for b in batches])
+    want = torch.bincount(torch.cat([b.y for b in batches]), minlength=10)
+    assert torch.equal(read_counts(total, query, 10, 3), want)
+    assert not torch.equal(read_counts(fedsgd_update(query, batches[0]), query, 10, 3), want)  # one client: its own
+
+
+def test_fishing_with_the_victims_class_named_recovers_it_through_the_sum():
+    rows = []
+    for s in SEEDS:
+        cfg = TrialConfig("t", "fishing", {}, "none", {}, _case(32, 1), s)
+        victim = draw_batches(load_case_data(cfg), cfg, torch.float32)[0]
+        rows.append(_trial("fishing", {"target_class": int(victim.y[0])}, _case(32, 1), s))
+    assert sum(r["psnr"] >= 40 for r in rows) >= 3, [r["psnr"] for r in rows]
+
+
+def test_class_fishing_on_a_large_batch_reads_samples_of_its_class_exactly():
     # class fishing on a large batch, at its most frequent class: samples of it read exactly, never a mixture
     for s in (0, 1, 2):
         cfg = TrialConfig("t", "x", {}, "none", {}, _case(1, 32, "fedsgd"), s)
@@ -81,6 +121,7 @@ def test_fishing_leaves_the_other_classes_no_gradient_but_the_classifier_bias():
     for mode in ("class", "feature"):
         attack = gleak.create("attack", "fishing", mode=mode)
         k = attacker_knowledge(attack, ds, victim, load_case_data(cfg, "test"))
+        k = replace(k, label_counts=torch.bincount(victim.y, minlength=10))  # what the query round reads
         fished = attack.prepare(create_model("mlp", ds.input_shape, 10, seed=derive_seed(0, "model")), k, generator(0, "p"))
         t = target_class(None, k)
         others = victim.y != t

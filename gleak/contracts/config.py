@@ -214,6 +214,9 @@ class TrialConfig:
     # The suite's verdict rule (gleak.mechanics.verdicts.VERDICT_RULES): how the trial judges what it computed, stored with its
     # verdict; not part of what it computes, so not of its id.
     verdict: str = "margin"
+    # The suite's threat model (gleak.contracts.threat_model: "B", "F+labels"); None: each attack is granted what it
+    # declares where the protocol exposes it. Part of the id where set: it decides what the attack receives.
+    threat_model: str | None = None
 
     def identity(self) -> dict[str, Any]:
         """What the trial computes: everything but the suite's name. Plugin names enter as their identity names,
@@ -232,6 +235,13 @@ class TrialConfig:
             "case": case,
             "seed": self.seed,
         }
+        if self.threat_model is not None:
+            out["threat_model"] = self.threat_model
+        if self.case.clients > 1:
+            # Several clients: the reconstruction is paired one-to-one with every observed client's samples (the
+            # victim's score and the share of all observed samples recovered); before that rule only the victim's
+            # batch was matched, and labels reached attacks through a secure sum. Another computation, another id.
+            out["observed"] = "every-client"
         if self.case.model_state.startswith("file:"):
             # The id follows the checkpoint's content, not only its path: new weights at the same path are new trials.
             out["model_file_sha256"] = file_digest(self.case.model_state[len("file:"):])
@@ -263,7 +273,7 @@ class TrialConfig:
         d = json.loads(text)
         return TrialConfig(
             d["suite"], d["attack"], d["attack_params"], d["defense"], d["defense_params"], CaseConfig.from_dict(d["case"]), d["seed"],
-            d.get("verdict", "margin"),
+            d.get("verdict", "margin"), d.get("threat_model"),
         )
 
 

@@ -27,6 +27,9 @@ KNOWLEDGE = {
     # prepare_clients). Granted only where the protocol lets the server choose the clients' models (gleak.mechanics.gate).
     "per_client_models": "the server may send each client its own model (model inconsistency), where the protocol "
                          "lets it choose the models its clients compute at",
+    # Read, not given: one query round at a model whose classifier the server zeroed (gleak.mechanics.label_query).
+    "label_counts": "how many samples of each class are behind the observed update, read from the update of one "
+                    "query round at a model the server prepared (an active server's capability)",
 }
 
 # Fields a protocol may put in an update's `meta`, and the knowledge an attack needs to read each ("": a public
@@ -140,6 +143,7 @@ class Knowledge:
     public_x: Tensor | None = None  # normalised public samples
     public_y: Tensor | None = None
     defense: "DefenseDescription | None" = None  # with "knows_defense" only
+    label_counts: Tensor | None = None  # (num_classes,) with "label_counts" only: read from a query round
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,28 @@ def observation(
     return Observation(gate_update(view, attack.needs), knowledge, observer_model(attack, held, cfg), rounds)
 
 
+def grant(attack: Attack, protocol: Any, attack_name: str, protocol_name: str, threat_model: str | None) -> str:
+    """What the attack may receive, decided in one place: the intersection of what it declares (`needs`, `active`),
+    what the trial's threat model grants (gleak.contracts.threat_model; None: whatever the attack declares) and
+    what the protocol exposes (a sum over clients exposes no client's labels; the server's say over the clients'
+    models: `refuse_unservable`). UnsupportedCase (not applicable, this its reason) where the attack needs more.
+    Returns the threat model the trial runs under, as its row names it."""
+    from gleak.contracts.threat_model import CAPABILITIES, missing, parse, required
+
+    refuse_unservable(attack, protocol, attack_name, protocol_name)
+    if "labels" in attack.needs and getattr(protocol, "observes_sum", False):
+        raise UnsupportedCase(f"attack {attack_name!r} needs the victim's labels, which protocol {protocol_name!r} does "
+                              "not expose: its observer sees only a sum over clients")  # fmt: skip
+    if threat_model is None:
+        return str(required(attack.needs, attack.active))
+    model = parse(threat_model)
+    lacking = missing(attack.needs, attack.active, model)
+    if lacking:
+        said = "; ".join(f"{c} ({CAPABILITIES[c]})" for c in lacking)
+        raise UnsupportedCase(f"attack {attack_name!r} needs what threat model {model} does not grant: {said}")
+    return str(model)
+
+
 def refuse_unservable(attack: Attack, protocol: Any, attack_name: str, protocol_name: str) -> None:
     """UnsupportedCase (the trial is not applicable, this its reason) where the attack needs what the protocol does
     not let the server do: send each client its own model ("per_client_models", Protocol.per_client_models), or

@@ -122,6 +122,19 @@ def exact_share(truth: Tensor, rec: Tensor, threshold: float = EXACT_PSNR) -> fl
     return float(exact[rows, cols].sum()) / len(truth)
 
 
+def victim_share(observed: list[Tensor], rec_images: Tensor) -> tuple[Tensor, float]:
+    """Where the observed update carries several clients' samples (a sum), the attack's rows paired one-to-one with
+    all of them (by MSE, `match`), so that no row counts for two samples: (the indices of the rows paired with the
+    victim's samples, observed[0], for `score`; the share of all observed samples recovered exactly,
+    `exact_share`)."""
+    everyone = torch.cat(observed)
+    if not len(rec_images):
+        return torch.zeros(0, dtype=torch.long), 0.0
+    ti, ri = match(everyone, rec_images)
+    mine = np.sort(ri[ti < len(observed[0])])
+    return torch.as_tensor(mine, dtype=torch.long), exact_share(everyone, rec_images)
+
+
 def score(
     truth_images: Tensor,
     truth_labels: Tensor,

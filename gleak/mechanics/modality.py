@@ -16,7 +16,7 @@ from gleak.contracts.attack_output import check_reconstruction, max_images
 from gleak.contracts.vocabulary import DEFAULT_SEQ_LEN, DEFAULT_VOCAB_SIZE, is_text_dataset
 from gleak.contracts.wire import denormalize
 from gleak.mechanics.data import load_dataset
-from gleak.mechanics.metrics import mean_image, original_scores, score
+from gleak.mechanics.metrics import mean_image, original_scores, score, victim_share
 
 TEXT_MODELS = ("text-classifier", "text-lm")
 LANGUAGE_MODELS = ("text-lm",)  # trained on next-token targets (gleak.mechanics.text.data)
@@ -47,10 +47,15 @@ class ImageModality:
             out.append(("model", f"{case.model!r} is a text model; dataset {case.dataset!r} is images"))
         return out
 
-    def finish(self, cfg: Any, ds: Any, pool: Any, victim: Any, sent: Any, rec: Any, extra_model: dict, eps: Any,
+    def finish(self, cfg: Any, ds: Any, pool: Any, observed: list, sent: Any, rec: Any, extra_model: dict, eps: Any,
                lpips_weights: str | None) -> Finished:  # fmt: skip
-        """Check the reconstruction, score it against what was sent and the mean image of the victims' split."""
-        limit = max_images(cfg.case.batch_size, cfg.case.clients)
+        """Check the reconstruction, score it against what was sent and the mean image of the victims' split.
+        `observed`: the batches of the clients whose samples the observed update carries, the victim's first: the
+        attack may return one row per sample among them; where there are several, its rows are paired one-to-one
+        with all of them, the victim scored on the rows paired with its own, and the share of every observed
+        sample recovered kept beside it (extra.observed_share_psnr40)."""
+        victim = observed[0]
+        limit = max_images(sum(b.size for b in observed), 1)
         check_reconstruction(rec, ds.input_shape, ds.num_classes, limit, cfg.attack)  # before anything reads it
         rec_x = rec.x.detach().cpu() if rec.x is not None else None
         rec_y = rec.y.cpu() if isinstance(rec.y, torch.Tensor) else rec.y
@@ -60,9 +65,18 @@ class ImageModality:
         blind = mean_image(pool.x)  # the blind guess: the mean image of the split the victims come from
         # The truth is what was sent: the batch that entered the victim's gradient (a transforming defense's output).
         truth = sent if sent is not None else victim
+        everyone = None  # the share of every observed sample recovered, where the update carries several clients'
+        if len(observed) > 1 and rec_images is not None:
+            rows, everyone = victim_share([truth.images()] + [b.images() for b in observed[1:]], rec_images)
+            if rec_y is not None and len(rec_y) == len(rec_images):  # labels row by row: the same rows
+                rec_y = rec_y[rows]
+            rec_images = rec_images[rows]
         scores = score(truth.images(), truth.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict)
         share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
         extra = {**extra_model, **rec.extra} if share is None else {"share_psnr40": share, **extra_model, **rec.extra}
+        if everyone is not None:
+            extra["observed_share_psnr40"] = everyone
+            extra["observed_samples"] = sum(b.size for b in observed)
         original = None if sent is None else victim.images()
         if original is not None:  # a separate question: how close the reconstruction comes to the untransformed images
             extra.update(original_scores(original, victim.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict))
@@ -102,14 +116,16 @@ class TextModality:
             out.append(("distinct_labels", "a language model's labels are its next tokens: no classes to keep distinct"))
         return out
 
-    def finish(self, cfg: Any, ds: Any, pool: Any, victim: Any, sent: Any, rec: Any, extra_model: dict, eps: Any,
+    def finish(self, cfg: Any, ds: Any, pool: Any, observed: list, sent: Any, rec: Any, extra_model: dict, eps: Any,
                lpips_weights: str | None) -> Finished:  # fmt: skip
         """Check the reconstruction's shape, score it (ROUGE, token accuracy, token set) against the victim's
-        sequences and the blind guess; the truth and the reconstruction's first sequence go to the row's extra."""
+        sequences (observed[0]; a text case has one client) and the blind guess; the truth and the reconstruction's
+        first sequence go to the row's extra."""
         from gleak.mechanics.text.data import frequent_tokens
         from gleak.mechanics.text.metrics import TEXT_VERDICT_RULE, text_scores
 
-        limit = max_images(cfg.case.batch_size, cfg.case.clients)
+        victim = observed[0]
+        limit = max_images(sum(b.size for b in observed), 1)
         check_reconstruction(rec, ds.input_shape, 1 << 62, limit, cfg.attack)  # labels are not scored for text
         rec_x = rec.x.detach().cpu() if rec.x is not None else None
         if rec_x is not None and not torch.isfinite(rec_x).all():

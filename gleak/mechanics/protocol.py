@@ -117,6 +117,10 @@ class Protocol(Plugin):
         (CGD: each participant draws and steps its own confined model). An attack that needs it is refused there.
     observed_rounds(): how many rounds of an attack trial the observer sees (the last is attacked, the earlier
         ones reach the attack as Observation.rounds).
+    observes_sum: True where the observer sees only a sum over clients (secure aggregation, CGD), never one client's
+        own update: what it exposes is the sum, so no per-client knowledge (the victim's labels) is granted through it.
+    observed_clients(clients): how many clients' samples the observed update carries, the victim's first: the
+        reconstruction is paired one-to-one with all of them, and an attack may return at most that many samples.
     A protocol instance serves one run (one trial, or one utility run); `reset` starts a new one. Randomness comes
     only from the generators passed in.
     """
@@ -124,9 +128,14 @@ class Protocol(Plugin):
     shared_model: ClassVar[bool] = True
     per_client_models: ClassVar[bool] = True
     models_held: ClassVar[str] = ""
+    observes_sum: ClassVar[bool] = False
 
     def observed_rounds(self) -> int:
         return 1
+
+    def observed_clients(self, clients: int) -> int:
+        """The leading clients whose samples the observed update carries: all of them in a sum, else the victim."""
+        return clients if self.observes_sum else 1
 
     def reset(self) -> None:
         """Forget the state of a previous run (called before `client_models`)."""

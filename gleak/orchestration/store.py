@@ -47,7 +47,7 @@ _IMAGE_NAME = re.compile(r"^[0-9A-Za-z_-]{1,64}\.png$")
 CSV_COLUMNS = [
     "suite", "trial_id", "attack", "attack_params", "defense", "defense_params", "model", "dataset", "batch_size",
     "seed", "status", "mse", "psnr", "ssim", "lpips", "label_acc", "verdict", "seconds", "error",
-    "cosine", "grad_dist", "matched", "image", "extra", "case",
+    "cosine", "grad_dist", "matched", "image", "extra", "case", "threat_model",
 ]  # fmt: skip
 METRIC_COLUMNS = {
     "mse": "REAL", "psnr": "REAL", "ssim": "REAL", "lpips": "REAL", "cosine": "REAL", "label_acc": "REAL",
@@ -268,6 +268,17 @@ def holding_lock(folder: str | Path):
         release_lock(lock, tidy=True)
 
 
+# Identity keys that mark a change of what a trial computes (gleak.contracts.config.TrialConfig.identity): a stored
+# config without one that its new identity has was computed under the earlier rule, so `rekey` leaves it to be
+# recomputed rather than give its old result the new id.
+RECOMPUTED_BY = ("observed",)
+
+
+def _recomputes(config: str, cfg: TrialConfig) -> bool:
+    stored = json.loads(config)
+    return any(k in cfg.identity() and k not in stored for k in RECOMPUTED_BY)
+
+
 class Store:
     """Results of one output folder. Opening checks the file (`check_store`: InputError, file untouched, when it is
     not a gleak store) and creates it when absent (create=True)."""
@@ -386,7 +397,7 @@ class Store:
             for old, config, image in rows:
                 cfg = TrialConfig.from_json(config)
                 new = cfg.trial_id
-                if new == old or new in taken:
+                if new == old or new in taken or _recomputes(config, cfg):
                     continue
                 new_image = image
                 src = self.image_path(image)

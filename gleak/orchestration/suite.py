@@ -45,7 +45,7 @@ from gleak.contracts.errors import did_you_mean as _close
 from gleak.mechanics.modality import modality_of
 from gleak.orchestration.suite_claims import parse_claims
 
-SUITE_KEYS = {"name", "seeds", "description", "save_images", "verdict", "device"}
+SUITE_KEYS = {"name", "seeds", "description", "save_images", "verdict", "device", "threat_model"}
 TOP_TABLES = {"suite", "case", "attack", "defense", "grid", "utility", "claim"}
 GRID_KEYS = {"name", "seeds", "case", "attack", "defense"}
 MAX_SEED = 2**63
@@ -546,6 +546,15 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     if device is not None and check_name(device):
         raise where.error("suite", "device", check_name(device))
 
+    threat = meta.get("threat_model")
+    if threat is not None:
+        from gleak.contracts.threat_model import parse
+
+        try:
+            threat = str(parse(threat))
+        except ValueError as exc:
+            raise where.error("suite", "threat_model", str(exc).removeprefix("threat_model ")) from None
+
     grids = doc.get("grid")
     trials: list[TrialConfig] = []
     if grids is None:
@@ -554,7 +563,8 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
         trials = _grid_tables(doc, grids, where, name, seeds)
     unique: dict[str, TrialConfig] = {}
     for t in trials:
-        unique.setdefault(t.trial_id, dataclasses.replace(t, verdict=verdict))  # asked for twice: runs once
+        t = dataclasses.replace(t, verdict=verdict, threat_model=threat)
+        unique.setdefault(t.trial_id, t)  # asked for twice: runs once
     extras = {k: doc[k] for k in extra_tables if k in doc}
     utility = _utility(doc["utility"], where) if "utility" in doc and "utility" not in extra_tables else None
     claims = parse_claims(doc["claim"], where) if "claim" in doc and "claim" not in extra_tables else []

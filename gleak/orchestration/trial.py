@@ -27,7 +27,8 @@ from gleak.contracts.wire import ClientBatch, Observation, Update, replace
 from gleak.mechanics import device as devices
 from gleak.mechanics.data import ImageDataset, sample_indices
 from gleak.mechanics.defense_output import extra_json
-from gleak.mechanics.gate import attacker_knowledge, observation, observer_model, refuse_unservable, served_models  # noqa: F401 - observer_model: public here
+from gleak.mechanics.gate import attacker_knowledge, grant, observation, observer_model, served_models  # noqa: F401 - observer_model: public here
+from gleak.mechanics.label_query import query_model, read_counts
 from gleak.mechanics.metrics import relative_distance
 from gleak.mechanics.modality import modality_of
 from gleak.mechanics.pretrain import build_model
@@ -128,7 +129,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     for d in defenses:
         d.reset()
         d.bind_data(ds.mean, ds.std)  # the clients' normalisation (the victims' split is normalised alike)
-    refuse_unservable(attack, protocol, cfg.attack, setup.protocol)
+    grant(attack, protocol, cfg.attack, setup.protocol, cfg.threat_model)
     public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public, setup)
 
@@ -139,7 +140,8 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
         last, rec, plain, sent = _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, batches)
         grad_dist = relative_distance(plain.flat(), last.view.flat())
     # Checked, scored and kept as the case's modality says (images: against the mean image; text: ROUGE).
-    done = modality_of(cfg.case).finish(cfg, ds, pool, victim, sent, rec, model_info,
+    observed = batches[: protocol.observed_clients(len(batches))]  # the samples behind what the attack saw
+    done = modality_of(cfg.case).finish(cfg, ds, pool, observed, sent, rec, model_info,
                                         defenses[0].privacy_spent(),  # the victim's accountant, stepped with its noisy steps
                                         lpips_weights)  # fmt: skip
     scores = done.scores
@@ -180,6 +182,8 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
     models, warm = run_rounds(protocol, defenses, models, cfg.case.warmup_rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
+    if protocol.shared_model and "label_counts" in attack.needs:  # the active server's first query
+        knowledge = replace(knowledge, label_counts=label_query(cfg, protocol, defenses, models[0], batches, knowledge))
     if protocol.shared_model:  # the server sends its models; an active attack builds them (new modules)
         models = served_models(attack, models[0], len(batches), knowledge, cfg)
     transforming = transforms_inputs(defenses[0])
@@ -204,6 +208,17 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
     if sent is not None and torch.equal(sent.x, batches[0].x):
         sent = None  # the transform left the batch as it was: one truth
     return last, rec, plain, sent
+
+
+def label_query(cfg, protocol, defenses, model, batches, knowledge) -> torch.Tensor:
+    """The label counts behind the observed update, read from one query round at a model whose classifier the server
+    zeroed (gleak.mechanics.label_query): the clients compute on their attacked batches, under their defenses, from
+    generators of the query's own."""
+    query = query_model(model, knowledge.num_classes)
+    schedule = Schedule(lambda r: on_device(batches), _client_rngs(cfg, lambda r: "/query"),
+                        lambda r: generator(cfg.seed, "defense/query"))  # fmt: skip
+    _, seen = run_rounds(protocol, defenses, [query] * len(batches), 1, schedule, cfg.case.warmup_lr, step_last=False)
+    return read_counts(seen[-1].view, query, knowledge.num_classes, knowledge.batch_size or cfg.case.batch_size)
 
 
 def run_trial(

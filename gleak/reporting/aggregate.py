@@ -53,6 +53,20 @@ def protocol_pairs(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def with_threat_models(df: pd.DataFrame) -> pd.DataFrame:
+    """Every row's threat model (gleak.contracts.threat_model: letter and extras): the suite's where the trial's
+    config names one, else the smallest that grants what the attack declares; a value already read is kept."""
+    from gleak.contracts.threat_model import of_row
+
+    if df.empty:
+        return df.assign(threat_model=pd.Series(dtype=object))
+    have = df["threat_model"] if "threat_model" in df else pd.Series([None] * len(df), index=df.index)
+    configs = df["config"] if "config" in df else pd.Series([None] * len(df), index=df.index)
+    tm = [h if isinstance(h, str) and h else of_row(a, p, c)
+          for h, a, p, c in zip(have, df["attack"], df["attack_params"], configs)]  # fmt: skip
+    return df.assign(threat_model=tm)
+
+
 def _numeric_extras(series: pd.Series) -> dict[str, float]:
     vals: dict[str, list[float]] = {}
     for s in series.dropna():
@@ -290,10 +304,12 @@ def defense_ranking(agg: pd.DataFrame, utility: pd.DataFrame | None = None) -> p
     return out
 
 
-def threat_model_text(name: str, params_js: str) -> str:
-    """What the attack needs (gleak.contracts.wire.KNOWLEDGE keys), plus 'active server' for an attack that modifies the
-    model it sends."""
+def threat_model_text(name: str, params_js: str, named: str | None = None) -> str:
+    """The threat model the attack ran under (`named`, else the smallest that grants what it declares:
+    gleak.contracts.threat_model) with what it needs (gleak.contracts.wire.KNOWLEDGE keys, plus 'active server' for
+    an attack that modifies the model it sends): 'B (informed eavesdropper): architecture, parameters'."""
     from gleak.contracts.registry import create
+    from gleak.contracts.threat_model import of_attack, parse
 
     try:
         attack = create("attack", name, **(json.loads(params_js) if isinstance(params_js, str) and params_js else {}))
@@ -302,7 +318,9 @@ def threat_model_text(name: str, params_js: str) -> str:
     parts = sorted(attack.needs)
     if getattr(attack, "active", False):
         parts.append("active server")
-    return ", ".join(p.replace("_", " ") for p in parts) or "nothing"
+    needs = ", ".join(p.replace("_", " ") for p in parts) or "nothing"
+    tm = named or of_attack(name, params_js)
+    return f"{parse(tm).describe()}: {needs}" if tm else needs
 
 
 def attack_ranking(agg: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -332,7 +350,8 @@ def attack_ranking(agg: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.Data
             row["seconds"] = float(g["seconds"].mean())
         row["best_psnr"] = float(img["psnr"].max()) if len(img) else None
         row["defenses_recovered"] = f"{int((img['verdict'] == 'recovered').sum())}/{len(img)}" if len(img) else None
-        row["threat_model"] = threat_model_text(a, ap)
+        named = sorted({v for v in t["threat_model"] if isinstance(v, str) and v}) if df is not None and "threat_model" in t else []
+        row["threat_model"] = threat_model_text(a, ap, named[0] if len(named) == 1 else None)
         rows.append(row)
     out = pd.DataFrame(rows)
     out = out.sort_values(["psnr_undefended", "label_acc_undefended"], ascending=False, na_position="last", kind="stable")

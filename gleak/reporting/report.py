@@ -28,6 +28,7 @@ from gleak.reporting.aggregate import (  # noqa: F401  - the public names of the
     apply_verdicts,
     as_float,
     attack_ranking,
+    with_threat_models,
     case_variants,
     competition_rank,
     defense_ranking,
@@ -51,7 +52,7 @@ META_JSON = "suite.json"
 
 
 def results_frame(store: Store) -> pd.DataFrame:
-    df = protocol_pairs(store.frame())
+    df = with_threat_models(protocol_pairs(store.frame()))
     for c in CSV_COLUMNS:
         if c not in df.columns:
             df[c] = None
@@ -106,6 +107,7 @@ def _load_committed(folder: Path) -> dict[str, Any]:
         if c not in df.columns:
             df[c] = None
     df = tables.unquoted(df.astype(object).where(df.notna(), None))  # the text as stored (a formula-like cell quoted)
+    df = with_threat_models(df)
     for c in ("mse", "psnr", "ssim", "lpips", "label_acc", "cosine", "grad_dist", "seconds", "matched", "batch_size", "seed"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     utility = tables.unquoted(pd.read_csv(folder / "utility.csv")) if (folder / "utility.csv").is_file() else None

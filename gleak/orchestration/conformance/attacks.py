@@ -14,6 +14,7 @@ from gleak.contracts.plugin import Attack
 from gleak.contracts.wire import KNOWLEDGE, Reconstruction
 from gleak.mechanics.defense_output import extra_json
 from gleak.mechanics.gate import attacker_knowledge, observation
+from gleak.mechanics.label_query import query_model, read_counts
 from gleak.mechanics.models import create_model
 from gleak.mechanics.protocol import Setup, run_rounds, trial_setup
 from gleak.orchestration.conformance.common import CASES, TEXT_CASES, Check, _meta_checks, _state, _tensors_equal
@@ -67,6 +68,10 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
     public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public, Setup("fedsgd", {}, "none", {}))
     model = create_model(case.model, ds.input_shape, ds.num_classes, seed=derive_seed(seed, "model"), dtype=dtype)
+    if "label_counts" in attack.needs:  # the server's query round, as a trial makes it (gleak.orchestration.trial)
+        query = query_model(model, ds.num_classes)
+        counts = read_counts(client_update(query, victim, cfg, tag="/query"), query, ds.num_classes, victim.size)
+        knowledge = replace(knowledge, label_counts=counts)
     before_model = copy.deepcopy(model.state_dict())
     served = attack.prepare(model, knowledge, generator(seed, "attack-prepare"))
     prepare_mutated = not _tensors_equal(before_model, model.state_dict()) and served is model
