@@ -77,7 +77,7 @@ from gleak.contracts.plugin import Defense, check_choice
 from gleak.contracts.registry import register_protocol
 from gleak.contracts.wire import ClientBatch, Update
 from gleak.mechanics.models import first_linear
-from gleak.mechanics.protocol import Protocol
+from gleak.mechanics.protocol import Protocol, shift_each, shifted
 from gleak.mechanics.secret_sharing import FixedPoint, secure_sum, sum_encoded
 from gleak.protocols.cgd_training import INIT_LAWS, VERTICAL_READINGS, Partition, blocks, init_unit, step_size, train
 from gleak.protocols.cgd_utility import centralized, features, mlp_sizes, subset, train_per_participant
@@ -416,26 +416,27 @@ class CGD(_ConfinedTraining):
         self._sum = None
         a = step_size(self._k, self.alpha, self.mu, self.iterations, self.normalize_schedule)
         self._k += 1
-        stepped: dict[int, nn.Module] = {}
-
-        def step(mod: nn.Module) -> nn.Module:
-            if id(mod) not in stepped:  # a model shared by several clients (confined = false) steps once
-                if isinstance(mod, VerticalBlock):
-                    stepped[id(mod)] = step_block(mod, total, a)
-                    return stepped[id(mod)]
-                new = copy.deepcopy(mod)
-                with torch.no_grad():
-                    for name, p in new.named_parameters():
-                        if p.requires_grad:
-                            p.sub_(a * total[name].to(p.dtype))
-                stepped[id(mod)] = new
-            return stepped[id(mod)]
-
-        out = [step(mod) for mod in models]
-        self._models, self._extra = out, [step(mod) for mod in self._extra]
+        if isinstance(models[0], VerticalBlock):
+            out = [step_block(mod, total, a) for mod in models]
+            self._extra = [step_block(mod, total, a) for mod in self._extra]
+        else:  # a model shared by several clients (confined = false) steps once
+            move = {name: -a * t for name, t in total.tensors.items()}
+            out, self._extra = shift_each(models, move), shift_each(self._extra, move)
+        self._models = out
         if self._offset is not None and out and isinstance(out[0], VerticalBlock):
             name = out[0].first_name  # every w_k - w_1 is minus the public sum of past steps
             self._offset = (self._offset[0] - a * total[f"{name}.weight"], self._offset[1] - a * total[f"{name}.bias"])
+        return out
+
+    def forged_step(self, models: list[nn.Module], displacement: dict[str, torch.Tensor]) -> list[nn.Module]:
+        """One CGD iteration whose returned sum the aggregator forged, S* = -displacement / alpha_k: every
+        participant (and the adversary's proxies) steps its own confined model by alpha_k S*, so each moves by
+        `displacement`, and the iteration counter advances. Outside the paper's honest-but-curious adversary."""
+        if self.attack_cols() > 1:
+            raise UnsupportedCase("a forged CGD step over feature blocks (split_features) is not built")
+        self._k += 1  # the forged round is an iteration: the schedule moves on
+        out, self._extra = shift_each(models, displacement), shift_each(self._extra, displacement)
+        self._models = out
         return out
 
     def observer_model(self, model: nn.Module, client_models: list[nn.Module]) -> nn.Module:
@@ -486,14 +487,9 @@ class LocalTraining(_ConfinedTraining):
     def observe(self, sent: list[Update], rng: torch.Generator) -> Update:
         return sent[0].map(lambda _, t: torch.zeros_like(t))
 
+    def forged_step(self, models: list[nn.Module], displacement: dict[str, torch.Tensor]) -> list[nn.Module]:
+        raise UnsupportedCase("local training shares nothing: there is no aggregate to forge")
+
     def server_step(self, models: list[nn.Module], sent: list[Update], lr: float, rng: torch.Generator) -> list[nn.Module]:
         """Each participant steps its own model with its own update (nothing is shared)."""
-        out = []
-        for mod, u in zip(models, sent):
-            new = copy.deepcopy(mod)
-            with torch.no_grad():
-                for name, p in new.named_parameters():
-                    if p.requires_grad:
-                        p.sub_(lr * u[name].to(p.dtype))
-            out.append(new)
-        return out
+        return [shifted(mod, {name: -lr * t for name, t in u.tensors.items()}) for mod, u in zip(models, sent)]

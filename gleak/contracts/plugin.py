@@ -102,6 +102,13 @@ class Attack(Plugin):
         does not let the server choose each client's model (gleak.mechanics.gate). Default: `prepared` for every client."""
         return [prepared] * clients
 
+    def forge(self, held: nn.Module | None, knowledge: Knowledge, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        """An attack that declares "forged_aggregate" returns here how every participant's model should move in one
+        forged round before the observed ones (name -> tensor, trainable parameters only; absent names stay): the
+        aggregator returns the sum that makes each participant's own step move it so (Protocol.forged_step).
+        `held`: the observer's model as the gate lets it see it. Never edit `held` in place."""
+        raise NotImplementedError(f"{type(self).__name__} declares no forged aggregate")
+
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
         raise NotImplementedError
 

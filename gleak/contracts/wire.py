@@ -30,6 +30,10 @@ KNOWLEDGE = {
     # Read, not given: one query round at a model whose classifier the server zeroed (gleak.mechanics.label_query).
     "label_counts": "how many samples of each class are behind the observed update, read from the update of one "
                     "query round at a model the server prepared (an active server's capability)",
+    # A capability outside every honest-but-curious model: the aggregator returns a sum of its choosing, and every
+    # participant steps its own model by it (Attack.forge, Protocol.forged_step).
+    "forged_aggregate": "the aggregator may return an aggregate of its choosing, by which every participant steps "
+                        "its own model (one forged round before the observed ones)",
 }
 
 # Fields a protocol may put in an update's `meta`, and the knowledge an attack needs to read each ("": a public

@@ -157,6 +157,24 @@ def refuse_unservable(attack: Attack, protocol: Any, attack_name: str, protocol_
                               "compute at the model the server prepares")  # fmt: skip
 
 
+def forged_models(attack: Attack, protocol: Any, models: list[nn.Module], knowledge: Knowledge, cfg: TrialConfig) -> list[nn.Module]:
+    """The clients' models after one round whose aggregate the adversary forged (an attack declaring
+    "forged_aggregate"): `attack.forge` sees the model the observer holds, as the gate lets it, and names how every
+    model should move; the protocol moves them (Protocol.forged_step). PluginContractError where the displacement is
+    not a finite tensor of a trainable parameter's shape."""
+    held = observer_model(attack, protocol.observer_model(models[0], models), cfg)
+    move = attack.forge(held, knowledge, generator(cfg.seed, "attack-forge"))
+    shapes = {n: p.shape for n, p in (held or models[0]).named_parameters() if p.requires_grad}
+    if not isinstance(move, dict):
+        raise PluginContractError(f"forge must return a dict of tensors by parameter name, got {type(move).__name__}")
+    for name, t in move.items():
+        if name not in shapes or not isinstance(t, torch.Tensor) or t.shape != shapes[name]:
+            raise PluginContractError(f"forge returned {name!r}, not a tensor of a trainable parameter's shape")
+        if not torch.isfinite(t).all():
+            raise PluginContractError(f"forge returned a non-finite displacement of {name!r}")
+    return protocol.forged_step(models, move)
+
+
 def served_models(attack: Attack, model: nn.Module, clients: int, knowledge: Knowledge, cfg: TrialConfig) -> list[nn.Module]:
     """The model each client computes at (the victim first) when the server sends them: `prepare` on the server's
     model, then `prepare_clients` (from a generator of its own, so that an attack without it draws exactly what it

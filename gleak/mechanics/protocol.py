@@ -104,6 +104,25 @@ def server_step(model: nn.Module, sent: list[Update], lr: float) -> nn.Module:
     return new
 
 
+def shifted(model: nn.Module, displacement: dict[str, torch.Tensor]) -> nn.Module:
+    """A copy of `model` with each named trainable parameter moved by `displacement[name]` (absent names stay)."""
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for n, p in trainable(new):
+            if n in displacement:
+                p += displacement[n].to(p.dtype).to(p.device)
+    return new
+
+
+def shift_each(models: list[nn.Module], displacement: dict[str, torch.Tensor]) -> list[nn.Module]:
+    """`shifted` of each model, a model shared by several clients moved once (and still shared)."""
+    moved: dict[int, nn.Module] = {}
+    for m in models:
+        if id(m) not in moved:
+            moved[id(m)] = shifted(m, displacement)
+    return [moved[id(m)] for m in models]
+
+
 # ---- the Protocol plugin kind ---------------------------------------------------------------------------------
 class Protocol(Plugin):
     """The round between clients and observer (base class: FedSGD at one shared model, the server seeing each
@@ -121,6 +140,8 @@ class Protocol(Plugin):
         own update: what it exposes is the sum, so no per-client knowledge (the victim's labels) is granted through it.
     observed_clients(clients): how many clients' samples the observed update carries, the victim's first: the
         reconstruction is paired one-to-one with all of them, and an attack may return at most that many samples.
+    forged_step(models, displacement): the clients' models after one round whose aggregate the adversary forged
+        (an attack declaring "forged_aggregate"); UnsupportedCase where the protocol has no such round.
     A protocol instance serves one run (one trial, or one utility run); `reset` starts a new one. Randomness comes
     only from the generators passed in.
     """
@@ -165,6 +186,13 @@ class Protocol(Plugin):
         the mean of what was sent at step `lr` (gleak.mechanics.protocol.server_step) and every client gets the result."""
         new = server_step(models[0], sent, lr)
         return [new] * len(models)
+
+    def forged_step(self, models: list[nn.Module], displacement: dict[str, torch.Tensor]) -> list[nn.Module]:
+        """The clients' models after a round whose aggregate the adversary forged so that every model moves by
+        `displacement` (new modules; `models` untouched). Default: the server steps the one model it sends with the
+        forged aggregate, so every client gets the shared model moved by it (what an active server could send
+        anyway)."""
+        return shift_each(models, displacement)
 
     def utility_lr(self, config: Any) -> float:
         """The server step of a utility run (a gleak.contracts.config.UtilityConfig). Default: its server_lr."""

@@ -1,7 +1,8 @@
 """One trial, end to end. This file is the whole flow of the benchmark, one way:
 
     suite -> trial config -> case (data, model, seed) -> protocol and client defense (gleak.mechanics.protocol.trial_setup)
-    -> warm-up rounds (case.warmup_rounds, run_rounds) -> attack.prepare, prepare_clients (gleak.mechanics.gate.served_models: active
+    -> warm-up rounds (case.warmup_rounds, run_rounds) -> [a label query round; a forged aggregate's round, where
+    the attack needs them] -> attack.prepare, prepare_clients (gleak.mechanics.gate.served_models: active
     attacks build the models the server sends, one per client where the protocol lets it)
     -> observed rounds (run_rounds: client update -> defense transform -> wire -> protocol's view)
     -> gate (gleak.mechanics.gate: the observation from the wire and the attack's needs) -> attack.reconstruct
@@ -27,7 +28,9 @@ from gleak.contracts.wire import ClientBatch, Observation, Update, replace
 from gleak.mechanics import device as devices
 from gleak.mechanics.data import ImageDataset, sample_indices
 from gleak.mechanics.defense_output import extra_json
-from gleak.mechanics.gate import attacker_knowledge, grant, observation, observer_model, served_models  # noqa: F401 - observer_model: public here
+from gleak.mechanics.gate import (  # noqa: F401 - observer_model: public here
+    attacker_knowledge, forged_models, grant, observation, observer_model, served_models,
+)
 from gleak.mechanics.label_query import query_model, read_counts
 from gleak.mechanics.metrics import relative_distance
 from gleak.mechanics.modality import modality_of
@@ -184,6 +187,8 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
     models, warm = run_rounds(protocol, defenses, models, cfg.case.warmup_rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
     if protocol.shared_model and "label_counts" in attack.needs:  # the active server's first query
         knowledge = replace(knowledge, label_counts=label_query(cfg, protocol, defenses, models[0], batches, knowledge))
+    if "forged_aggregate" in attack.needs:  # one round whose aggregate the adversary forged (outside honest-but-curious)
+        models = forged_models(attack, protocol, models, knowledge, cfg)
     if protocol.shared_model:  # the server sends its models; an active attack builds them (new modules)
         models = served_models(attack, models[0], len(batches), knowledge, cfg)
     transforming = transforms_inputs(defenses[0])

@@ -13,7 +13,7 @@ from gleak.contracts.errors import PluginContractError, UnsupportedCase
 from gleak.contracts.plugin import Attack
 from gleak.contracts.wire import KNOWLEDGE, Reconstruction
 from gleak.mechanics.defense_output import extra_json
-from gleak.mechanics.gate import attacker_knowledge, observation
+from gleak.mechanics.gate import attacker_knowledge, forged_models, observation
 from gleak.mechanics.label_query import query_model, read_counts
 from gleak.mechanics.models import create_model
 from gleak.mechanics.protocol import Setup, run_rounds, trial_setup
@@ -43,6 +43,8 @@ def _observed_through_protocol(attack: Attack, cfg: TrialConfig, ds: Any, model:
     knowledge = attacker_knowledge(attack, ds, batches[0], public, setup)
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
+    if "forged_aggregate" in attack.needs:  # the forged round, as a trial makes it
+        models = forged_models(attack, protocol, models, knowledge, cfg)
     _, seen = run_rounds(protocol, defenses, models, protocol.observed_rounds(), observed_schedule(batches, cfg),
                          cfg.case.warmup_lr, step_last=False)  # fmt: skip
     history = tuple(observation(w.view, w.held, attack, knowledge, cfg) for w in seen[:-1])
@@ -72,6 +74,8 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
         query = query_model(model, ds.num_classes)
         counts = read_counts(client_update(query, victim, cfg, tag="/query"), query, ds.num_classes, victim.size)
         knowledge = replace(knowledge, label_counts=counts)
+    if "forged_aggregate" in attack.needs:  # the forged round, as a trial makes it
+        model = forged_models(attack, registry.create("protocol", "fedsgd"), [model], knowledge, cfg)[0]
     before_model = copy.deepcopy(model.state_dict())
     served = attack.prepare(model, knowledge, generator(seed, "attack-prepare"))
     prepare_mutated = not _tensors_equal(before_model, model.state_dict()) and served is model

@@ -106,11 +106,16 @@ def attack_label(name: str, params_js: str, va: dict[str, set[str]]) -> str:
 
 def worst_attack_text(r: Any, va: dict[str, set[str]]) -> str:
     """The worst attack with the parameters that tell it from its siblings in the suite (defense_aware=True for an
-    adaptive variant), so a reader sees which of them broke the defense."""
+    adaptive variant), so a reader sees which of them broke the defense, and the threat model it needs in brackets
+    (gleak.contracts.threat_model), so that a rank decided by a stronger adversary says so."""
+    from gleak.contracts.threat_model import of_attack
+
     name, params_js = r.get("worst_attack"), r.get("worst_attack_params")
     if not isinstance(name, str):
         return ""
-    return attack_label(name, params_js, va) if isinstance(params_js, str) else name
+    label = attack_label(name, params_js, va) if isinstance(params_js, str) else name
+    tm = of_attack(name, params_js if isinstance(params_js, str) else None)
+    return f"{label} [{tm}]" if tm else label
 
 
 def trials_text(r: Any) -> str:

@@ -182,6 +182,9 @@ def _defense_blocks(dr: pd.DataFrame, vd: dict, va: dict, show_util: bool) -> li
             row += [fmt(r.get("accuracy"), "pct"), fmt(r.get("epsilon"), "2")]
         rows.append(row)
     doc: list[tuple] = [("h2", "Defenses, ranked by their worst case over attacks")]
+    doc.append(("p", "Beside the worst attack, in brackets, the threat model it needs (Carletti et al., USENIX "
+                     "Security 2025; see the attack table): two defenses whose worst cases need different threat "
+                     "models are ranked against different adversaries."))  # fmt: skip
     if show_util:
         doc.append(("p", "A defense is only as strong as the best attack against it. Accuracy and epsilon: see "
                          "'Utility' below."))  # fmt: skip
