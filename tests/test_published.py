@@ -124,3 +124,29 @@ def test_text_lamp_and_tag_through_dgp_have_the_published_shape():
     lamp1 = (ok.attack == "lamp") & (ok.defense == "none") & (ok.batch_size == 1)
     r1, blind = extra.map(lambda e: e["rouge1"]), extra.map(lambda e: e["blind_rouge1"])
     assert lamp1.sum() >= 6 and (r1[lamp1] >= blind[lamp1] + 0.3).all()
+
+
+def claim_verdicts() -> dict[tuple[str, str], dict[str, str]]:
+    """(source, claim) -> {folder: verdict} from every committed leaderboard.md's "Published claims" table."""
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for md in sorted((ROOT / "results").glob("*/leaderboard.md")):
+        text = md.read_text()
+        if "## Published claims" not in text:
+            continue
+        rows = [ln for ln in text.split("## Published claims", 1)[1].split("\n## ", 1)[0].splitlines() if ln.startswith("| ")]
+        header = [c.strip() for c in rows[0].strip("|").split("|")]
+        for ln in rows[2:]:
+            cell = dict(zip(header, (c.strip() for c in ln.strip("|").split("|"))))
+            out.setdefault((cell["source"], cell["claim"]), {})[md.parent.name] = cell["claim verdict"].split(":")[0]
+    return out
+
+
+def test_data_one_claim_text_has_one_verdict_in_every_published_leaderboard():
+    """Data check: a paper's sentence judged in several folders gets the same verdict in each (a suite that judges it
+    on fewer attacks would otherwise credit a defense that another folder shows falling)."""
+    verdicts = claim_verdicts()
+    if not verdicts:
+        pytest.skip("no published claims in this checkout")
+    assert sum(len(v) > 1 for v in verdicts.values()) >= 1  # the check compares something
+    split = {k[1]: v for k, v in verdicts.items() if len(set(v.values())) > 1}
+    assert not split, split
