@@ -57,7 +57,7 @@ def test_gleak_show_read_from_the_source_equals_the_registry_s_for_every_built_i
     for key in answered:
         assert from_source[key] == held[key], key
     left = set(from_source) - answered  # needs computed in __init__ beyond the plain rules, protocol defenses
-    assert left <= {"attack fishing", "attack model-inconsistency", "attack trap-weights", "defense cgd",
+    assert left <= {"attack fishing", "attack forged-trap", "attack model-inconsistency", "attack trap-weights", "defense cgd",
                     "defense local-training", "defense secure-aggregation", "protocol cgd", "protocol local-training"}
     assert {"attack dlg", "attack inverting-gradients", "attack closed-form", "defense topk", "defense noise",
             "protocol fedavg", "model mlp"} <= answered

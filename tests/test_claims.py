@@ -223,7 +223,7 @@ def test_the_leaderboard_judges_the_claims_and_a_clone_rebuilds_them(tmp_path):
     assert dgp.loc[dgp["psnr"].idxmax(), "attack_params"].find('"defense_aware": true') >= 0
     assert json.loads(lb.loc[lb["defense"] == "dgp", "worst_attack_params"].iloc[0])["defense_aware"] is True
     ranking = md[md.index("## Defenses, ranked"):md.index("## Attacks, ranked")]
-    assert re.search(r"\|\s*closed-form defense_aware=True\s*\|", ranking)  # the table names the adaptive variant
+    assert re.search(r"\|\s*closed-form defense_aware=True \[C\]\s*\|", ranking)  # the table names the adaptive variant and its threat model
     assert json.loads((out / "suite.json").read_text())["claims"][0]["claim"] == "DGP stops analytic attacks"
     for f in out.glob("results.sqlite*"):
         f.unlink()
