@@ -150,3 +150,21 @@ def test_data_one_claim_text_has_one_verdict_in_every_published_leaderboard():
     assert sum(len(v) > 1 for v in verdicts.values()) >= 1  # the check compares something
     split = {k[1]: v for k, v in verdicts.items() if len(set(v.values())) > 1}
     assert not split, split
+
+
+def test_data_every_published_row_names_its_threat_model_and_no_label_crossed_a_sum():
+    """Data check: every row of every committed results.csv names its threat model (a letter A-H with extras), and
+    no row whose update was a sum over clients (secure aggregation, CGD) ran under a threat model granting labels."""
+    from gleak.contracts.threat_model import parse
+
+    folders = sorted((ROOT / "results").glob("*/results.csv"))
+    if not folders:
+        pytest.skip("no published results in this checkout")
+    for csv in folders:
+        df = pd.read_csv(csv)
+        assert "threat_model" in df and df["threat_model"].notna().all(), csv.parent.name
+        for tm in set(df["threat_model"]):
+            parse(tm)
+        summed = df["defense"].isin(["secure-aggregation", "cgd"]) | df["case"].map(
+            lambda c: json.loads(c).get("protocol") in ("secure-aggregation", "cgd"))
+        assert not df[summed & (df["status"] == "ok")]["threat_model"].str.contains("labels").any(), csv.parent.name

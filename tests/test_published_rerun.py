@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from gleak.orchestration.suite import load_suite
 from gleak.orchestration.trial import run_trial
@@ -48,7 +49,12 @@ def stored_vs_rerun(folder: str) -> list[str]:
         if cfg is None:
             problems.append(f"{folder}: trial {row['trial_id']} is not a trial of suites/{folder}.toml any more")
             continue
-        new = run_trial(cfg)
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)  # as `gleak run` computes them (--threads 1): another thread count sums in another order
+        try:
+            new = run_trial(cfg)
+        finally:
+            torch.set_num_threads(before)
         if new["status"] != "ok":
             problems.append(f"{folder}: trial {row['trial_id']} now {new['status']}: {new['error']}")
             continue
