@@ -238,3 +238,15 @@ def test_each_plugin_file_is_one_module_however_it_is_imported():
         done = subprocess.run([sys.executable, "-c", code.format(first=first, second=second)], cwd=ROOT,
                               capture_output=True, text=True, timeout=300)  # fmt: skip
         assert done.returncode == 0, (first, second, done.stderr[-2000:])
+
+
+def test_the_install_names_every_subpackage_of_the_tree():
+    """`pip install .` installs the packages pyproject.toml lists, not the tree: a subpackage left out of the list
+    works in an editable checkout and is missing from every wheel (import gleak then fails)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    tree = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "gleak").rglob("__init__.py")}
+    assert tree <= listed, sorted(tree - listed)
+    folders = {"gleak.attacks": "attacks", "gleak.defenses": "defenses", "gleak.protocols": "protocols"}
+    assert set(folders) <= listed and all((ROOT / f / "__init__.py").is_file() for f in folders.values())
