@@ -1,0 +1,120 @@
+"""Code tests of small rules whose breaking no other test noticed: each names the wrong product it catches (a
+mutation of the code it protects that every other test passed)."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from gleak.contracts.plugin import Attack
+from gleak.contracts.registry import create
+from gleak.contracts.wire import Update
+from gleak.mechanics.gate import gate_update
+
+
+def _update(n: int = 3, kind: str = "gradient") -> Update:
+    return Update({"w": torch.arange(4.0)}, kind, n, {"lr": 0.1, "local_batch_size": 2})
+
+
+def test_the_gate_gives_the_sample_count_and_batch_meta_only_to_an_attack_that_declares_batch_size():
+    # kills: the gate passing num_samples (or the local batch size) to an attack without "batch_size"
+    blind = gate_update(_update(), frozenset({"architecture", "parameters"}))
+    told = gate_update(_update(), frozenset({"architecture", "batch_size"}))
+    assert blind.num_samples is None and "local_batch_size" not in blind.meta and blind.meta["lr"] == 0.1
+    assert told.num_samples == 3 and told.meta["local_batch_size"] == 2
+
+
+def test_secure_aggregation_shows_the_sum_of_every_client_and_never_one_clients_update():
+    # kills: secure aggregation returning only the victim's update (or the mean) as what the observer sees
+    proto = create("protocol", "secure-aggregation")
+    sent = [Update({"w": torch.full((3,), float(i + 1))}, "gradient", 2) for i in range(4)]
+    seen = proto.observe(sent, torch.Generator().manual_seed(0))
+    assert torch.equal(seen["w"], torch.full((3,), 10.0)) and seen.num_samples == 8
+
+
+def test_the_spread_interval_is_the_two_sided_95_percent_student_t_interval_of_the_mean():
+    # kills: the "[95%]" interval computed at another level, or mean ± std printed in its place
+    from scipy import stats
+
+    from gleak.reporting.aggregate import spread
+
+    v = [10.0, 12.0, 15.0, 11.0]
+    s = spread(v)
+    lo, hi = stats.t.interval(0.95, len(v) - 1, loc=np.mean(v), scale=stats.sem(v))
+    assert s["lo"] == pytest.approx(lo) and s["hi"] == pytest.approx(hi)
+    assert s["std"] == pytest.approx(np.std(v, ddof=1))
+    assert s["hi"] - s["mean"] != pytest.approx(s["std"])  # the interval is not the standard deviation
+
+
+def test_the_matrix_shows_each_attacks_best_case_over_cases_not_its_worst():
+    # kills: the leaderboard's attack x defense grid showing each attack's worst case instead of its best
+    from gleak.reporting.documents.leaderboard import attack_defense_matrix
+
+    agg = pd.DataFrame({"attack": ["dlg", "dlg"], "attack_params": ["{}", "{}"], "defense": ["none", "none"],
+                        "defense_params": ["{}", "{}"], "psnr": [12.0, 48.0], "verdict": ["defended", "recovered"],
+                        "label_acc": [None, None]})  # fmt: skip
+    dr = pd.DataFrame({"defense": ["none"], "defense_params": ["{}"]})
+    _, rows = attack_defense_matrix(agg, dr, {}, {})
+    assert rows[0][2] == "48.00 (recovered)"
+
+
+def test_dp_epsilon_is_spent_at_the_configured_delta():
+    # kills: privacy_spent ignoring the configured delta (every other test used the default)
+    eps = {}
+    for delta in (1e-5, 1e-3):
+        d = create("defense", "noise", mode="dp", clip=1.0, noise_multiplier=1.0, delta=delta, sample_rate=0.01)
+        d.reset()
+        model = torch.nn.Linear(4, 2)
+        for _ in range(3):
+            d.client_gradient(model, torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 0]), torch.Generator().manual_seed(0))
+        eps[delta] = d.privacy_spent()
+        assert eps[delta] == pytest.approx(d.epsilon(delta=delta, sample_rate=0.01, steps=3))
+    assert eps[1e-3] < eps[1e-5]  # a looser delta buys a smaller epsilon
+
+
+def test_claims_break_a_psnr_tie_toward_the_lower_mse_and_round_the_recovered_count():
+    # kills: claims' strongest cell taking the higher MSE on a PSNR tie; the recovered count floored, not rounded
+    from gleak.reporting.claims import _strongest, recovered_count
+
+    g = pd.DataFrame({"attack": ["a", "b"], "psnr": [120.0, 120.0], "mse_median": [1e-3, 1e-9]})
+    assert _strongest(g)["attack"] == "b"
+    # 1 of 49 trials recovered, stored as the float share 1/49, which times 49 is 0.999...: 1, never 0
+    share = float(np.mean([True] + [False] * 48))
+    assert share * 49 < 1 and recovered_count({"recovered": share, "trials": 49, "failed": 0, "not_applicable": 0}) == (1, 49)
+
+
+def test_the_blind_guess_is_the_mean_image_of_the_split_the_victims_come_from():
+    # kills: the blind guess drawn from the training split (or the whole data set) where a trained model is attacked
+    # on held-out images
+    import json
+
+    from gleak.contracts.config import CaseConfig, TrialConfig
+    from gleak.mechanics.metrics import mean_image, mse
+    from gleak.orchestration.trial import DTYPES, draw_batches, load_case_data, run_trial
+
+    case = CaseConfig(dataset="skimage", model="mlp", batch_size=2, model_state="trained", train_steps=2)
+    cfg = TrialConfig("t", "closed-form", {}, "none", {}, case, 0)
+    row = run_trial(cfg)
+    assert row["status"] == "ok", row["error"]
+    test, train = load_case_data(cfg, "test"), load_case_data(cfg, "train")
+    victims = draw_batches(test, cfg, DTYPES[case.dtype])[0].images()
+    want = float(mse(victims, mean_image(test.x)).mean())
+    assert json.loads(row["extra"])["blind_mse"] == pytest.approx(want, rel=1e-6)
+    assert float(mse(victims, mean_image(train.x)).mean()) != pytest.approx(want, rel=1e-6)
+
+
+def test_a_store_frame_holds_the_current_suites_trials_only(tmp_path):
+    # kills: Store.frame ignoring which trials belong to the current suite (a reused folder's old trials reported)
+    from gleak.contracts.config import CaseConfig, TrialConfig
+    from gleak.orchestration.store import Store
+
+    case = CaseConfig(dataset="skimage", model="mlp", batch_size=1)
+    old, new = (TrialConfig("s", a, {}, "none", {}, case, 0) for a in ("dlg", "closed-form"))
+    store = Store(tmp_path)
+    for cfg in (old, new):
+        store.put(cfg, {"trial_id": cfg.trial_id, "config": cfg.to_json(), "status": "ok", "psnr": 20.0, "seconds": 0.1})
+    store.set_membership([new])
+    assert store.frame()["trial_id"].tolist() == [new.trial_id] and store.count() == 1
+    assert set(store.frame(members_only=False)["trial_id"]) == {old.trial_id, new.trial_id}
+    store.close()
