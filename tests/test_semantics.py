@@ -118,3 +118,53 @@ def test_a_store_frame_holds_the_current_suites_trials_only(tmp_path):
     assert store.frame()["trial_id"].tolist() == [new.trial_id] and store.count() == 1
     assert set(store.frame(members_only=False)["trial_id"]) == {old.trial_id, new.trial_id}
     store.close()
+
+
+def test_tags_distance_has_its_l1_term():
+    # kills: TAG without its L1 term (alpha ||g - t||_1)
+    from gleak.attacks.tag import tag_distance
+
+    g, t = (torch.tensor([1.0, -2.0]),), [torch.tensor([0.0, 0.0])]
+    assert float(tag_distance(g, t, 0.5)) == pytest.approx(5.0 + 0.5 * 3.0)
+
+
+def test_lamp_reads_each_position_by_cosine_not_by_dot_product():
+    # kills: LAMP choosing tokens by dot product instead of cosine (a long embedding row would win every position)
+    from gleak.attacks.lamp import nearest_tokens
+
+    emb = torch.tensor([[0.0, 0.0], [1.0, 0.0], [10.0, 10.0]])  # token 2: long, 45 degrees off
+    x = torch.tensor([[[1.0, 0.05]]])
+    assert nearest_tokens(x, emb, torch.tensor([1, 2])).tolist() == [[1]]
+
+
+def test_searches_and_token_accuracy_leave_padding_out():
+    # kills: TAG and LAMP searching the padding token; token accuracy counting padding positions
+    from gleak.attacks.token_set import search_vocabulary
+    from gleak.mechanics.text.metrics import PAD_ID, token_accuracy
+
+    truth = torch.tensor([5, 6, PAD_ID, PAD_ID])
+    assert token_accuracy(truth, torch.tensor([5, 7, PAD_ID, PAD_ID])) == 0.5  # 1 of the 2 real positions
+
+    class Emb(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(6, 3)
+
+    model = Emb()
+    grad = torch.zeros(6, 3)
+    grad[[PAD_ID, 2, 4]] = 1.0  # padding's row non-zero too, as a noised update would have it
+    cand, fallback = search_vocabulary(Update({"embed.weight": grad}), model, 6)
+    assert PAD_ID not in cand.tolist() and sorted(cand.tolist()) == [2, 4] and not fallback
+    cand, fallback = search_vocabulary(Update({"embed.weight": torch.zeros(6, 3)}), model, 6)
+    assert fallback and PAD_ID not in cand.tolist() and len(cand) == 5
+
+
+def test_a_text_trials_matched_counts_rows_paired_not_rows_returned():
+    # kills: a text trial's `matched` counting the rows the attack returned instead of the rows paired with a truth
+    from gleak.mechanics.text.metrics import text_scores
+
+    vocab = [f"w{i}" for i in range(8)]
+    truth = torch.tensor([[1, 2, 3]])
+    rec = torch.nn.functional.one_hot(torch.tensor([[1, 2, 3], [4, 5, 6], [6, 7, 1]]), 8).double()
+    out = text_scores(truth, rec, torch.tensor([1, 1, 1]), vocab)
+    assert out["matched"] == 1 and out["rouge1"] == 1.0
