@@ -168,3 +168,45 @@ def test_a_text_trials_matched_counts_rows_paired_not_rows_returned():
     rec = torch.nn.functional.one_hot(torch.tensor([[1, 2, 3], [4, 5, 6], [6, 7, 1]]), 8).double()
     out = text_scores(truth, rec, torch.tensor([1, 1, 1]), vocab)
     assert out["matched"] == 1 and out["rouge1"] == 1.0
+
+
+@pytest.mark.parametrize("plain_at, kept", [(1.0, "plain"), (4.0, "polished")])
+def test_dlg_keeps_the_better_of_the_plain_and_the_polished_start(monkeypatch, plain_at, kept):
+    # kills: DLG's keep-the-better-of-plain-and-polished check removed (L-BFGS without line search need not
+    # descend, so the polish can end worse than where it began), in the restart loop and in the batched run
+    from types import SimpleNamespace
+
+    from gleak.attacks.dlg import DLG
+
+    attack = create("attack", "dlg", restarts=1)
+    plain_x, polished_x = torch.ones(4), torch.full((4,), 2.0)
+    monkeypatch.setattr(DLG, "_polish", lambda self, box: True)
+    monkeypatch.setattr(DLG, "_one_start", lambda self, *a, box=None, start=None, **k:
+                        (plain_x, None, 5.0, 1, 1) if start is None else (polished_x, None, 3.0, 1, 1))
+    monkeypatch.setattr(DLG, "_distance_at", lambda self, *a, **k: plain_at)
+    p = SimpleNamespace(model=None, params=[], target=[torch.ones(1)], k=None, dtype=torch.float64, y=None, box=object())
+    x, _, run = attack._restarts_loop(p, torch.Generator())
+    assert torch.equal(x, plain_x if kept == "plain" else polished_x) and run["match_loss"] == min(plain_at, 3.0)
+
+    monkeypatch.setattr(DLG, "_draw", lambda self, k, dtype, rng: torch.zeros(4))
+    monkeypatch.setattr(DLG, "_batched_run", lambda self, p, starts, box:
+                        (plain_x[None], torch.tensor([5.0]), torch.tensor([1]), torch.tensor([1]), 1) if box is None
+                        else (polished_x[None], torch.tensor([3.0], dtype=torch.float64), torch.tensor([1]), torch.tensor([1]), 1))
+    monkeypatch.setattr(DLG, "_distance_at_flat", lambda self, p, row, box: plain_at)
+    p.split = lambda flat: (flat, None)
+    x, _, run = attack._restarts_batched(p, torch.Generator())
+    assert torch.equal(x, plain_x if kept == "plain" else polished_x) and run["match_loss"] == min(plain_at, 3.0)
+
+
+def test_rgaps_residual_is_zero_at_the_truth_and_not_elsewhere():
+    # kills: R-GAP's gradient_residual diagnostic always 0
+    from gleak.attacks.rgap import _gradient_residual
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, 3)).double()
+    names = [n for n, _ in model.named_parameters()]
+    x = torch.rand(1, 6, dtype=torch.float64)
+    loss = torch.nn.functional.cross_entropy(model(x), torch.tensor([1]))
+    grads = dict(zip(names, torch.autograd.grad(loss, list(model.parameters()))))
+    assert _gradient_residual(model, names, x, 1, grads) == pytest.approx(0.0, abs=1e-12)
+    assert _gradient_residual(model, names, x + 0.5, 1, grads) > 0.05
