@@ -27,7 +27,11 @@ def _published_ids(path: Path) -> list[str] | None:
 
     s = S.load_suite(path)
     out = ROOT / "results" / s.name / "results.csv"
-    return (sorted(t.trial_id for t in s.trials), sorted(r["trial_id"] for r in csv.DictReader(out.open()))) if out.exists() else None
+    if not out.exists():
+        return None
+    if any(t.identity().get("vocabulary_sha256") == "" for t in s.trials[:1]):
+        return "corpus missing"  # a text suite's ids hold its vocabulary's hash, which needs the corpus installed
+    return sorted(t.trial_id for t in s.trials), sorted(r["trial_id"] for r in csv.DictReader(out.open()))
 
 
 def test_every_shipped_suite_keeps_the_trial_ids_of_its_published_results(monkeypatch):
@@ -43,6 +47,9 @@ def test_every_shipped_suite_keeps_the_trial_ids_of_its_published_results(monkey
     for path in sorted((ROOT / "suites").glob("*.toml")):
         pair = _published_ids(path)
         if pair is None:
+            continue
+        if pair == "corpus missing":  # an optional extra not installed here (fortunes): its suite is not compared
+            stale.append(f"{path.stem} (text corpus not installed)")
             continue
         note = ROOT / "results" / path.stem / "STALE.md"
         if note.exists():
