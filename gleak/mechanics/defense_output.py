@@ -46,6 +46,28 @@ def unmodified(send: Callable[..., T], defenses: Sequence[Any], updates: Sequenc
     return out
 
 
+def check_sent(given: Any, sent: Any, who: str) -> None:
+    """What a defense's transform returned for the update `given`: an Update of the same tensors (names and shapes)
+    with floating-point values. PluginContractError naming `who` (the defense and client) and what was wrong, so
+    that a malformed update is the defense's failure, not a later plugin's (an attack handed int64 tensors)."""
+    from gleak.contracts.wire import Update
+
+    if not isinstance(sent, Update):
+        raise PluginContractError(f"{who}: transform must return an Update, got {type(sent).__name__}")
+    if set(sent.tensors) != set(given.tensors):
+        lost, new = sorted(set(given.tensors) - set(sent.tensors)), sorted(set(sent.tensors) - set(given.tensors))
+        said = "; ".join(s for s in (f"dropped {lost}" if lost else "", f"added {new}" if new else "") if s)
+        raise PluginContractError(f"{who}: transform returned other tensors than it was given ({said})")
+    for name, t in sent.tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise PluginContractError(f"{who}: transform returned {type(t).__name__} for {name!r}, not a tensor")
+        if t.shape != given.tensors[name].shape:
+            raise PluginContractError(f"{who}: transform changed the shape of {name!r} from "
+                                      f"{tuple(given.tensors[name].shape)} to {tuple(t.shape)}")  # fmt: skip
+        if not t.is_floating_point():
+            raise PluginContractError(f"{who}: transform returned {name!r} as {t.dtype}, not floating point")
+
+
 def extra_json(extra: Any, who: str = "the attack") -> str:
     """`extra` as the JSON text the store holds; PluginContractError when it is not a JSON object of plain values."""
     if extra is None:

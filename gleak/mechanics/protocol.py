@@ -26,7 +26,7 @@ from gleak.contracts.errors import NonFiniteUpdate
 # gleak.mechanics.protocol's public names as well: attacks, defenses and tests import them from here.
 from gleak.contracts.plugin import Defense, Plugin, batch_gradient, loss_fn, trainable  # noqa: F401
 from gleak.contracts.wire import ClientBatch, Update
-from gleak.mechanics.defense_output import unmodified
+from gleak.mechanics.defense_output import check_sent, unmodified
 
 
 def _gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, defense: Defense | None, rng: torch.Generator | None):
@@ -86,6 +86,7 @@ def transmit(defenses: list[Defense], updates: list[Update], rng: torch.Generato
     for i, (d, u) in enumerate(zip(defenses, updates)):
         check_finite(u, f"{where}client {i}")
         s = d.transform(u, rng)
+        check_sent(u, s, f"{where}defense {name!r} on client {i}")
         check_finite(s, f"{where}defense {name!r} on client {i}")
         sent.append(s)
     return sent
