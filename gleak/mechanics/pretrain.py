@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,36 @@ def _initial(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype, defense: De
     return model
 
 
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 of a state dict's names, dtypes, shapes and values (in name order)."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _cached(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict[str, float]] | None:
+    """The cache entry at `path` if it is whole and was trained for `key` (its stored key and the digest of its
+    weights both check), else None after one line on stderr naming the file: the caller trains again and replaces
+    it. An entry is never trusted on its name alone: a truncated file, another key's weights or edited weights
+    would otherwise be attacked under this trial's id."""
+    if not path.is_file():
+        return None
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        ok = (isinstance(saved, dict) and saved.get("key") == key and isinstance(saved.get("state"), dict)
+              and saved.get("sha256") == state_digest(saved["state"]))  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - any unreadable entry is retrained, named
+        ok, saved = False, exc
+    if ok:
+        return saved["state"], saved["info"]
+    why = f"unreadable ({type(saved).__name__})" if isinstance(saved, Exception) else "its key or weights do not check"
+    print(f"gleak: model cache {path}: {why}; training it again", file=sys.stderr)
+    return None
+
+
 def trained_state(
     case: CaseConfig, ds: ImageDataset, dtype: torch.dtype, defense: Defense | None = None, wrapper: Any = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -118,9 +149,9 @@ def trained_state(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key}.pt"
     with FileLock(folder / f"{key}.lock", thread_local=False):  # a second worker waits here, then finds the file
-        if path.is_file():
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-            state, info = saved["state"], saved["info"]
+        saved = _cached(path, key)
+        if saved is not None:
+            state, info = saved
         else:
             if defense is None:
                 model = _initial(case, ds, dtype, None)
@@ -132,7 +163,7 @@ def trained_state(
                     info = train(model, ds, case, defense)
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             buf = io.BytesIO()
-            torch.save({"state": state, "info": info, "key": key}, buf)
+            torch.save({"state": state, "info": info, "key": key, "sha256": state_digest(state)}, buf)
             from gleak.mechanics.atomic_files import atomic_write_bytes
 
             atomic_write_bytes(path, buf.getvalue())
