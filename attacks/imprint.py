@@ -16,6 +16,7 @@ from gleak.contracts.wire import Knowledge, Observation, Reconstruction
 ENCODER = "imprint.encoder"  # parameter prefix of the imprint layer in the model the server sends
 BELOW_DATA = 10.0  # standard deviations below the centre: the reference's first threshold (-10 on a unit normal)
 REFERENCE_DECODER = 1e3  # the reference block's decoder entries (1 / its default gain 1e-3)
+MAX_BINS = 65_536  # each bin is a row of input size: 10^8 bins of a 32x32x3 image would be 1.2 TB of weights
 # Shaped imprint (defense_aware): the loud padding rows' decoder entries, this many times the bins' (gain / bins), so
 # that their gradients outrank every image-carrying entry; their bias, positive (they always fire) and so small
 # that their output (decoder x bias) is nothing beside a pixel.
@@ -177,8 +178,8 @@ class Imprint(DefenseAware, Attack):
         gain: float | None = None,
         defense_aware: bool = False,
     ):
-        if bins < 1:
-            raise ValueError(f"bins must be >= 1, got {bins}")
+        if not 1 <= bins <= MAX_BINS:  # each bin is a row of the imprint layer: input size x bins weights
+            raise ValueError(f"bins must be in [1, {MAX_BINS}], got {bins}")
         check_choice("measurement", measurement, ("brightness", "random"))
         check_choice("distribution", distribution, ("gaussian", "laplace"))
         check_choice("lowest_bin", lowest_bin, ("below-data", "quantile"))

@@ -210,3 +210,32 @@ def test_rgaps_residual_is_zero_at_the_truth_and_not_elsewhere():
     grads = dict(zip(names, torch.autograd.grad(loss, list(model.parameters()))))
     assert _gradient_residual(model, names, x, 1, grads) == pytest.approx(0.0, abs=1e-12)
     assert _gradient_residual(model, names, x + 0.5, 1, grads) > 0.05
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("train_steps", 10_000_000, "[case] key 'train_steps': must be <= 1_000_000"),
+    ("warmup_rounds", 1_000_000, "[case] key 'warmup_rounds': must be <= 10_000"),
+])  # fmt: skip
+def test_sizes_past_their_stated_limits_are_refused_before_any_work(tmp_path, key, value, said):
+    # kills: a training length or warm-up typed with too many zeros trained until killed or until the model diverged
+    from gleak.contracts.errors import InputError
+    from gleak.orchestration.suite import load_suite
+
+    suite = tmp_path / "s.toml"
+    suite.write_text(f'[suite]\nname = "s"\n[case]\ndataset = "skimage"\nmodel = "mlp"\nmodel_state = "trained"\n{key} = {value}\n'
+                     '[[attack]]\nname = "closed-form"\n[[defense]]\nname = "none"\n')  # fmt: skip
+    with pytest.raises(InputError, match=said.replace("[", r"\[").replace("]", r"\]")):
+        load_suite(suite)
+
+
+def test_imprint_bins_past_the_limit_are_refused_in_one_line(tmp_path):
+    # kills: imprint bins = 10^8 accepted, then a 1.2 TB allocation inside the trial
+    from gleak.contracts.errors import InputError
+    from gleak.orchestration.suite import load_suite
+
+    suite = tmp_path / "s.toml"
+    suite.write_text('[suite]\nname = "s"\n[case]\ndataset = "skimage"\nmodel = "mlp"\n'
+                     '[[attack]]\nname = "imprint"\nbins = 100000000\n[[defense]]\nname = "none"\n')  # fmt: skip
+    with pytest.raises(InputError) as err:
+        load_suite(suite)
+    assert "bins" in str(err.value) and "65536" in str(err.value) and len(str(err.value).splitlines()) == 1

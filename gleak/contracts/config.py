@@ -152,10 +152,12 @@ def check_case_values(case: CaseConfig) -> list[tuple[str, str]]:
 
 # Upper bounds of counts and sizes: far above any benchmark (the largest shipped suite uses a tenth or less), low
 # enough that a value typed with too many zeros is refused at validation instead of running out of memory or time.
+# Rounds and steps each cost a full pass of the model: 10_000 warm-up rounds or 1_000_000 training steps are hours
+# on one core already (the shipped suites use at most 4 and 500).
 UPPER_BOUNDS = {
-    "batch_size": 100_000, "clients": 100_000, "resolution": 1024, "local_steps": 1_000_000, "warmup_rounds": 1_000_000,
+    "batch_size": 100_000, "clients": 100_000, "resolution": 1024, "local_steps": 1_000_000, "warmup_rounds": 10_000,
     "training_rounds": 1_000_000,
-    "train_steps": 10_000_000, "train_batch_size": 100_000,
+    "train_steps": 1_000_000, "train_batch_size": 100_000, "seq_len": 4096, "vocab_size": 1_000_000,
 }  # fmt: skip
 
 
