@@ -46,6 +46,9 @@ def _parallelism(args: argparse.Namespace) -> int | None:
 
     if args.threads < 1:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
+    from gleak.orchestration.runner import check_timeout_executor
+
+    check_timeout_executor(args.executor, args.trial_timeout)
     if args.address and args.executor != "ray":
         raise InputError("--address names a Ray cluster: use it with --executor ray")
     if args.executor == "ray":

@@ -239,3 +239,15 @@ def test_imprint_bins_past_the_limit_are_refused_in_one_line(tmp_path):
     with pytest.raises(InputError) as err:
         load_suite(suite)
     assert "bins" in str(err.value) and "65536" in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+def test_a_trial_timeout_with_ray_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    # kills: --trial-timeout with the Ray executor accepted silently and not applied
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "gleak", "run", "quick", "--executor", "ray", "--trial-timeout", "20",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 2 and "--trial-timeout" in r.stderr and "ray" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()

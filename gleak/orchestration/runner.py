@@ -212,6 +212,14 @@ def check_budget(trials: list[TrialConfig], costs: dict[str, float]) -> None:
             )
 
 
+def check_timeout_executor(executor: str, trial_timeout: float | None) -> None:
+    """InputError where a time limit is asked of an executor that cannot apply it: Ray tasks are not killed at a
+    limit here, and a limit accepted and not applied would let a hung trial hold the run."""
+    if executor == "ray" and trial_timeout is not None:
+        raise InputError("--trial-timeout applies to local worker processes; with --executor ray it would not be "
+                         "applied: leave it out (Ray tasks then run without a limit) or use --executor local")  # fmt: skip
+
+
 def plan(trials: list[TrialConfig], trial_timeout: float | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """(estimated costs, time limits in seconds) of `trials`; InputError when a trial is over the budget.
     trial_timeout: one limit for every trial (0: none); None: `default_timeout` of each trial's cost."""
@@ -312,6 +320,7 @@ def run_suite(
     """
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    check_timeout_executor(executor, trial_timeout)
     out = Path(out)
     device = suite_device(suite, device)
     costs_all, limits = plan(suite.trials, trial_timeout)  # reads nothing of the folder: bad input stops here
