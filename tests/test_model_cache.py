@@ -48,3 +48,20 @@ def test_a_whole_entry_is_read_without_training(cache, monkeypatch, capsys):
     monkeypatch.setattr(pretrain, "train", lambda *a, **k: pytest.fail("trained although the cache entry is whole"))
     again, _ = _again(ds)
     assert all(torch.equal(again[k], state[k]) for k in state) and "model cache" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["a file", "under a file"])
+def test_a_cache_folder_that_cannot_be_written_is_refused_in_one_line_before_any_trial(tmp_path, monkeypatch, bad):
+    import gleak
+    from gleak.contracts.errors import InputError
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(pretrain.CACHE_ENV, str(blocker if bad == "a file" else blocker / "below"))
+    suite = tmp_path / "s.toml"
+    suite.write_text('[suite]\nname = "s"\n[case]\ndataset = "skimage"\nmodel = "mlp"\nmodel_state = "trained"\ntrain_steps = 2\n'
+                     '[[attack]]\nname = "closed-form"\n[[defense]]\nname = "none"\n')  # fmt: skip
+    with pytest.raises(InputError) as err:
+        gleak.run(str(suite), out=str(tmp_path / "out"), progress=False)
+    assert "model cache" in str(err.value) and "GLEAK_CACHE" in str(err.value) and len(str(err.value).splitlines()) == 1
+    assert not (tmp_path / "out").exists()

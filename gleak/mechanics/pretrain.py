@@ -30,6 +30,7 @@ from filelock import FileLock
 from torch import nn
 
 from gleak.contracts.config import CaseConfig, derive_seed, generator
+from gleak.contracts.errors import InputError
 from gleak.contracts.plugin import Defense
 from gleak.mechanics.data import ImageDataset
 from gleak.mechanics.models import create_model
@@ -115,6 +116,21 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+def check_model_cache() -> Path:
+    """The model cache's folder, created where missing; InputError in one line naming it (and $GLEAK_CACHE) where
+    it cannot be: a file in its place or above it, or a folder this process cannot write."""
+    folder = cache_dir() / "models"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"model cache {folder}: cannot be written ({exc.strerror or type(exc).__name__}); set "
+                         f"${CACHE_ENV} to a writable folder") from None  # fmt: skip
+    return folder
 
 
 def _cached(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict[str, float]] | None:

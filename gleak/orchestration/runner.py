@@ -324,6 +324,10 @@ def run_suite(
     out = Path(out)
     device = suite_device(suite, device)
     costs_all, limits = plan(suite.trials, trial_timeout)  # reads nothing of the folder: bad input stops here
+    if any(t.case.model_state == "trained" for t in suite.trials):
+        from gleak.mechanics.pretrain import check_model_cache
+
+        check_model_cache()  # once, before any trial trains into it
     with contextlib.ExitStack() as stack:
         # Read-only checks first (the folder is gleak's or empty, its store is gleak's), then Ray, so that a cluster
         # that cannot be reached stops the run before the folder is touched, then the lock: a second run on the
