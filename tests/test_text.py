@@ -248,3 +248,26 @@ def test_an_empty_token_set_falls_back_to_the_whole_vocabulary_and_tag_through_d
         assert 0.0 <= e["rouge1"] <= 1.0 and e["text_truth"]
     _, clean = _trial("tag", {"iterations": 5, "restarts": 1}, seed=0)
     assert clean["token_set_fallback"] is False and clean["candidates"] < 100, clean
+
+
+@pytest.mark.parametrize("bad, said", [("folder", "not a regular file"), ("random bytes", "is not text"),
+                                       ("no separator", "no quotation separator")])  # fmt: skip
+def test_a_topic_file_that_is_not_a_fortune_file_is_named_for_what_it_is(tmp_path, bad, said):
+    import os
+
+    from gleak.contracts.errors import InputError
+    from gleak.contracts.vocabulary import FORTUNE_TOPICS, read_fortunes
+
+    for topic in FORTUNE_TOPICS:
+        (tmp_path / topic).write_text("A quotation.\n%\nAnother one.\n%\n")
+    first = tmp_path / FORTUNE_TOPICS[0]
+    first.unlink()
+    if bad == "folder":
+        first.mkdir()
+    elif bad == "random bytes":
+        first.write_bytes(os.urandom(4096))
+    else:
+        first.write_text("one long text without any separator line\n" * 20)
+    with pytest.raises(InputError, match=said) as err:
+        read_fortunes(tmp_path)
+    assert "not found" not in str(err.value) and str(first) in str(err.value)

@@ -38,16 +38,35 @@ def is_text_dataset(name: str) -> bool:
     return name in TEXT_DATASETS
 
 
+MAX_TOPIC_BYTES = 64 << 20  # Debian's topic files are a few hundred KB each
+
+
+def _fortune_text(path: Path) -> str:
+    """A topic file's text; InputError in one line where the path is not a regular file (a folder, a device), is
+    larger than any fortune file, or is not text (undecodable bytes, no quotation separator)."""
+    if not path.is_file():
+        raise InputError(f"dataset 'fortunes': {path} is not a regular file")
+    if path.stat().st_size > MAX_TOPIC_BYTES:
+        raise InputError(f"dataset 'fortunes': {path} is {path.stat().st_size:,} bytes, larger than any fortune file")
+    raw = path.read_text(encoding="utf-8", errors="replace")
+    bad = raw.count("\ufffd") + sum(1 for c in raw if ord(c) < 32 and c not in "\n\t\r")
+    if raw and bad > 0.01 * len(raw):
+        raise InputError(f"dataset 'fortunes': {path} is not text ({bad / len(raw):.0%} undecodable or control bytes)")
+    if raw.strip() and "\n%\n" not in raw and not raw.strip().endswith("%"):
+        raise InputError(f"dataset 'fortunes': {path} holds no quotation separator (a line '%'): not a fortune file")
+    return raw
+
+
 def read_fortunes(root: Path | None = None) -> list[tuple[int, int, str]]:
     """(topic index, index in its file, text) of every quotation of the FORTUNE_TOPICS files, whitespace collapsed."""
     folder = root or FORTUNES_DIR
     out = []
     for label, topic in enumerate(FORTUNE_TOPICS):
         path = folder / topic
-        if not path.is_file():
+        if not path.exists():
             raise DatasetMissing(f"dataset 'fortunes': {path} not found (apt-get install -y fortunes, or set data_root "
                                  f"to a folder holding the fortune files {', '.join(FORTUNE_TOPICS)})")  # fmt: skip
-        raw = path.read_text(encoding="utf-8", errors="replace")
+        raw = _fortune_text(path)
         for i, chunk in enumerate(raw.split("\n%\n")):
             text = re.sub(r"\s+", " ", chunk.replace("%", " ")).strip()
             if text:
