@@ -196,3 +196,41 @@ def test_results_csv_of_a_run_quotes_a_formula_and_rebuilds_it_unchanged(tmp_pat
     assert gleak.results(out)["error"].tolist() == stored == ['=HYPERLINK("http://x","y")']
     assert cli.main(["leaderboard", str(out)]) == 0
     assert (out / "results.csv").read_text() == csv  # rebuilt from itself: one quote, not one more each time
+
+
+def test_figures_of_a_hostile_parameter_print_no_control_character(tmp_path, capfd):
+    # a parameter holding ESC and BEL reaches the figures' labels; matplotlib's missing-glyph warning must not
+    # carry it to the terminal
+    import warnings
+
+    (tmp_path / "glyph.py").write_text(textwrap.dedent('''
+        import torch
+        from gleak import register_attack
+        from gleak.contracts.plugin import Attack
+        from gleak.contracts.wire import Reconstruction
+
+
+        @register_attack("glyph")
+        class Glyph(Attack):
+            """Test attack whose parameter is hostile text."""
+
+            needs = frozenset({"architecture"})
+
+            def __init__(self, note: str = "plain"):
+                self.note = note
+
+            def reconstruct(self, observation, rng):
+                return Reconstruction(x=torch.zeros((1, *observation.knowledge.input_shape)))
+    '''))
+    (tmp_path / "g.toml").write_text('[suite]\nname = "g"\nseeds = [0, 1]\n[case]\ndataset = "uniform"\nmodel = "linear"\n'
+                                     '[[attack]]\nname = "glyph"\nnote = ["a \\u001b[31m\\u0007 b", "c"]\n'
+                                     '[[defense]]\nname = "noise"\nsigma = [0.01, 0.1]\n')  # fmt: skip
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        code = cli.main(["run", str(tmp_path / "g.toml"), "--out", str(tmp_path / "o"), "--plugin", str(tmp_path / "glyph.py"),
+                         "--no-progress", "--in-process"])  # fmt: skip
+    err = capfd.readouterr().err
+    assert code == 0, err
+    assert list((tmp_path / "o" / "figures").glob("*.png"))
+    assert "\x1b" not in err and "\x07" not in err
+    assert not [w for w in seen if "\x1b" in str(w.message) or "\x07" in str(w.message)]

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -251,9 +252,13 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
             written.add(path.name)
             out.append((rel, caption))
 
-    _grid_figures(df, folder, fig_dir, vd, va, add)
-    _strength_figures(agg, utility, fig_dir, vd, va, add, worst_rouge_per_config(df))
-    _frontier_figures(dr, utility, fig_dir, vd, add)
+    with warnings.catch_warnings():
+        # A plugin's name or parameter may hold control characters (ESC, BEL): matplotlib's missing-glyph warning
+        # would print them raw to the terminal. The figure shows a box for each; the warning says nothing more.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from")
+        _grid_figures(df, folder, fig_dir, vd, va, add)
+        _strength_figures(agg, utility, fig_dir, vd, va, add, worst_rouge_per_config(df))
+        _frontier_figures(dr, utility, fig_dir, vd, add)
     _remove_stale_figures(folder, fig_dir, written)
     return out
 
