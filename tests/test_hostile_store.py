@@ -210,3 +210,15 @@ def test_rescore_refuses_a_users_report_file_as_leaderboard_does(t1, tmp_path, c
     (out / "leaderboard.md").write_text("my notes")
     refused(["leaderboard", str(out)], out, capsys, "leaderboard.md")
     refused(["rescore", str(out)], out, capsys, "leaderboard.md")
+
+
+@pytest.mark.parametrize("edit, needle", [
+    ("UPDATE trials SET status = 'exploded'", "status 'exploded'"),
+    ("INSERT OR REPLACE INTO meta VALUES ('verdict', '\"bogus\"')", "verdict rule is 'bogus'"),
+])  # fmt: skip
+def test_an_edited_status_or_verdict_rule_is_refused_in_one_line(t1, tmp_path, capsys, edit, needle):
+    # an unknown status was counted as failed (its cell left the ranking, exit 0); a bogus rule was a traceback
+    folder = copy(t1, tmp_path)
+    _sql(folder, edit)
+    refused(["leaderboard", str(folder)], folder, capsys, needle)
+    refused(["rescore", str(folder)], folder, capsys, needle)

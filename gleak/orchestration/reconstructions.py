@@ -180,7 +180,7 @@ def rescore_counts(folder: str | Path, metrics: list[str], lpips_weights: str | 
     try:
         store = Store(folder)
         try:
-            rule = store.get_meta("verdict", "margin") or "margin"
+            rule = store.verdict_rule()
             rows = rescore_rows(store.reconstructions(), metrics, lpips_weights, rule)
             store.update_scores(rows)
         finally:

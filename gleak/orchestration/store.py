@@ -38,6 +38,7 @@ DB_NAME = "results.sqlite"
 # the leaderboard shows such a cell as "n/a".
 NOT_APPLICABLE = "not-applicable"  # not "n/a": pandas reads that as a missing value
 DONE = ("ok", NOT_APPLICABLE)  # statuses a rerun does not recompute
+STATUSES = (*DONE, "failed")  # every status a trial is stored with
 LOCK_NAME = ".lock"
 APPLICATION_ID = 0x474C4B31  # "GLK1" in SQLite's header: this file is a gleak results store
 SCHEMA_VERSION = 1  # user_version; a newer one is refused (written by a newer gleak)
@@ -348,6 +349,17 @@ class Store:
         if row is None or row[0] != text:  # unchanged: no write (see set_membership)
             self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, text))
 
+    def verdict_rule(self) -> str:
+        """The suite's verdict rule as stored (gleak.mechanics.verdicts.VERDICT_RULES); InputError where the store
+        holds another value (an edited store)."""
+        from gleak.mechanics.verdicts import VERDICT_RULES
+
+        rule = self.get_meta("verdict", "margin") or "margin"
+        if rule not in VERDICT_RULES:
+            raise InputError(f"{self.path}: its verdict rule is {rule!r}, not one of {', '.join(VERDICT_RULES)} "
+                             "(the store was edited)")  # fmt: skip
+        return rule
+
     def get_meta(self, key: str, default: Any = None) -> Any:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return meta_value(key, row[0], f"{self.path}:") if row else default
@@ -441,6 +453,11 @@ class Store:
         else:
             q = "SELECT * FROM trials ORDER BY finished_at"
         df = pd.read_sql_query(q, self.db)
+        odd = df[~df["status"].isin(STATUSES)]
+        if len(odd):  # an edited store: a guess (failed? ok?) would move a cell in or out of the ranking unseen
+            tid, status = odd.iloc[0][["trial_id", "status"]]
+            raise InputError(f"{self.path}: trial {tid} has status {status!r}, not one of {', '.join(STATUSES)} "
+                             "(the store was edited); rerun the suite into a new folder")  # fmt: skip
         # An image name that is not a plain name in images/ is dropped here, so that no reader (results.csv, the
         # figures, the HTML page) ever opens a path a store names elsewhere.
         df["image"] = [v if self.image_path(v) is not None else None for v in df["image"]]

@@ -78,7 +78,7 @@ def _load(folder: Path) -> dict[str, Any]:
         return _load_committed(folder)
     store = Store.open_existing(folder)
     try:
-        rule = store.get_meta("verdict", "margin") or "margin"
+        rule = store.verdict_rule()
         return {"df": apply_verdicts(results_frame(store), rule), "utility": utility_frame(store), "rule": rule,
                 "utility_cfg": utility_config(store), "suite": store.get_meta("suite", folder.name),
                 "description": store.get_meta("description", ""),
