@@ -169,7 +169,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     for rel, _ in figures:
         print(Path(args.dir) / rel)
     if not figures:
-        print(f"gleak: no figures for {args.dir} (no finished trials)", file=sys.stderr)
+        print(f"gleak: no figures for {args.dir} (no finished trials with images or metrics to draw)", file=sys.stderr)
     return EXIT_OK
 
 

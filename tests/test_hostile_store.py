@@ -222,3 +222,22 @@ def test_an_edited_status_or_verdict_rule_is_refused_in_one_line(t1, tmp_path, c
     _sql(folder, edit)
     refused(["leaderboard", str(folder)], folder, capsys, needle)
     refused(["rescore", str(folder)], folder, capsys, needle)
+
+
+@pytest.mark.parametrize("damage", ["images gone", "images are links"])
+def test_plot_never_deletes_a_grid_it_cannot_redraw(t1, tmp_path, capsys, damage):
+    # the reconstruction grids were deleted when images/ was missing (or held links), although nothing else changed
+    folder = copy(t1, tmp_path)
+    grids = sorted(p.name for p in (folder / "figures").glob("reconstructions_*.png"))
+    assert grids
+    before = {g: (folder / "figures" / g).read_bytes() for g in grids}
+    if damage == "images gone":
+        shutil.rmtree(folder / "images")
+    else:
+        elsewhere = tmp_path / "elsewhere"
+        shutil.move(str(folder / "images"), elsewhere)
+        (folder / "images").mkdir()
+        for p in elsewhere.iterdir():
+            (folder / "images" / p.name).symlink_to(p)
+    assert cli.main(["plot", str(folder)]) == 0
+    assert {g: (folder / "figures" / g).read_bytes() for g in grids} == before

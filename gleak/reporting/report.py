@@ -131,20 +131,24 @@ def _grid_figures(df: pd.DataFrame, folder: Path, fig_dir: Path, vd: dict, va: d
     from gleak.reporting import figures as fg
 
     ok = df.assign(variant=case_variants(df))
-    ok = ok[(ok["status"] == "ok") & ok["image"].notna()]
+    ok = ok[ok["status"] == "ok"]
     for case_key, g in ok.groupby(CASE_KEYS + ["variant"], sort=False):  # a case variant (trained, ...) apart
-        g = g.sort_values("seed", kind="stable")
+        g = g[g["image"].notna()].sort_values("seed", kind="stable")
         case = f"{case_key[0]}/{case_key[1]}/B={case_key[2]}" + (f" ({case_key[3]})" if case_key[3] else "")
-        first = g.drop_duplicates(["defense", "defense_params", "attack", "attack_params"])
-        cells = pd.DataFrame({
-            "row_label": [defense_label(r["defense"], r["defense_params"], vd) for _, r in first.iterrows()],
-            "col_label": [attack_label(r["attack"], r["attack_params"], va) for _, r in first.iterrows()],
-            "image": first["image"].tolist(), "psnr": first["psnr"].tolist(),
-        })  # fmt: skip
         name = f"reconstructions_{_slug('_'.join(str(k) for k in case_key if k != ''))}.png"
-        title = f"Reconstructions, {case}, seed {int(g['seed'].min())}"
-        add(fg.reconstruction_grid(cells, folder / "images", fig_dir / name, title),
-            f"Reconstructions per attack (columns) and defense (rows), {data(case)}.")
+        drawn = None
+        if len(g):
+            first = g.drop_duplicates(["defense", "defense_params", "attack", "attack_params"])
+            cells = pd.DataFrame({
+                "row_label": [defense_label(r["defense"], r["defense_params"], vd) for _, r in first.iterrows()],
+                "col_label": [attack_label(r["attack"], r["attack_params"], va) for _, r in first.iterrows()],
+                "image": first["image"].tolist(), "psnr": first["psnr"].tolist(),
+            })  # fmt: skip
+            title = f"Reconstructions, {case}, seed {int(g['seed'].min())}"
+            drawn = fg.reconstruction_grid(cells, folder / "images", fig_dir / name, title)
+        if drawn is None and (fig_dir / name).is_file():
+            drawn = fig_dir / name  # no image to draw from (images/ gone, or not plain files): the grid drawn before stays
+        add(drawn, f"Reconstructions per attack (columns) and defense (rows), {data(case)}.")
 
 
 def _worst_per_config(agg: pd.DataFrame, va: dict) -> pd.DataFrame:
