@@ -241,3 +241,22 @@ def test_plot_never_deletes_a_grid_it_cannot_redraw(t1, tmp_path, capsys, damage
             (folder / "images" / p.name).symlink_to(p)
     assert cli.main(["plot", str(folder)]) == 0
     assert {g: (folder / "figures" / g).read_bytes() for g in grids} == before
+
+
+@pytest.mark.parametrize("bad", ["too many pixels", "not a png", "truncated"])
+def test_plot_skips_an_image_it_should_not_decode_naming_it(t1, tmp_path, capsys, monkeypatch, bad):
+    # a decompression-bomb PNG in images/ made gleak plot print a 35-line traceback
+    from gleak.reporting import figures
+
+    folder = copy(t1, tmp_path)
+    first = sorted((folder / "images").glob("*.png"))[0]
+    if bad == "too many pixels":
+        monkeypatch.setattr(figures, "MAX_STORED_PIXELS", 10)  # every stored image is now "too large"
+    elif bad == "not a png":
+        first.write_bytes(b"GIF89a" + b"\0" * 64)
+    else:
+        first.write_bytes(first.read_bytes()[:60])
+    capsys.readouterr()
+    assert cli.main(["plot", str(folder)]) == 0
+    err = capsys.readouterr().err
+    assert f"{first}: skipped" in err and "Traceback" not in err, err

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
+
+from gleak.contracts.escaping import strip_controls
 
 # Their home before gleak.mechanics.atomic_files and gleak.orchestration.images (the trial writes reconstructions without the plotting code).
 from gleak.mechanics.atomic_files import atomic_write_bytes  # noqa: F401
@@ -157,15 +160,29 @@ def _wrap(text: str, width: int) -> str:
     return textwrap.fill(text, width, break_on_hyphens=False)
 
 
+# A stored reconstruction PNG is a batch's truth above its reconstruction: far below this many pixels. A larger one
+# (a decompression bomb placed in images/) is skipped, named, before it is decoded.
+MAX_STORED_PIXELS = 1 << 24
+
+
 def _stored_images(cells, image_dir: Path) -> dict:
-    """(row_label, col_label) -> (the trial's stored PNG as an RGB array, its PSNR), for the images that exist."""
+    """(row_label, col_label) -> (the trial's stored PNG as an RGB array, its PSNR), for the images that exist and
+    decode as PNGs of at most MAX_STORED_PIXELS pixels; any other is skipped with one line on stderr naming it."""
     from PIL import Image
 
     images = {}
     for _, c in cells.iterrows():
         f = image_dir / str(c["image"])
-        if f.is_file():
-            images[(c["row_label"], c["col_label"])] = (np.asarray(Image.open(f).convert("RGB")), c["psnr"])
+        if not f.is_file():
+            continue
+        try:
+            with Image.open(f) as im:
+                if im.format != "PNG" or im.size[0] * im.size[1] > MAX_STORED_PIXELS:
+                    raise ValueError(f"{im.format} of {im.size[0]} x {im.size[1]} pixels, not a stored reconstruction")
+                images[(c["row_label"], c["col_label"])] = (np.asarray(im.convert("RGB")), c["psnr"])
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            print(f"gleak: {f}: skipped ({strip_controls(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__})",
+                  file=sys.stderr)  # fmt: skip
     return images
 
 
