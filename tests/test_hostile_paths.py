@@ -214,3 +214,23 @@ def test_an_image_folder_without_links_reads_as_torchvision_reads_it(tmp_path):
     with unittest.mock.patch.object(datasets.ImageFolder, "__init__", keep):
         data._load_folder(data.DataRequest("folder:", "train", None, False, None, None, str(root)))
     assert captured["samples"] == theirs and len(theirs) == 7
+
+
+@pytest.mark.parametrize("name", ["images", "figures"])
+def test_a_file_where_gleak_writes_a_folder_is_refused_before_any_trial(tmp_path, name):
+    # a user's file named images failed every trial after its work
+    import gleak
+    from gleak.contracts.errors import InputError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("a user's file")
+    suite = tmp_path / "s.toml"
+    suite.write_text('[suite]\nname = "s"\n[case]\ndataset = "uniform"\nmodel = "linear"\n'
+                     '[[attack]]\nname = "closed-form"\n[[defense]]\nname = "none"\n')  # fmt: skip
+    with pytest.raises(InputError, match=f"{name}: a file where gleak writes its {name}/ folder"):
+        gleak.run(str(suite), out=str(out), progress=False)
+    from gleak import cli
+
+    assert cli.main(["run", str(suite), "--out", str(out), "--force", "--no-progress", "--in-process"]) == 2
+    assert sorted(p.name for p in out.iterdir()) == [name] and (out / name).read_text() == "a user's file"

@@ -183,6 +183,9 @@ def claim(folder: str | Path, force: bool = False, check_store=None) -> Manifest
     if not folder.exists():
         return Manifest(folder)
     check_no_links(folder)
+    for sub in ("images", "figures"):  # gleak's folders: a file in their place would fail each trial after its work
+        if (folder / sub).exists() and not (folder / sub).is_dir():
+            raise InputError(f"{folder / sub}: a file where gleak writes its {sub}/ folder; move it away or use another --out")
     if not force and not (folder / MANIFEST).exists() and not (folder / "results.sqlite").exists():
         foreign = _foreign_entry(folder)  # `--out /` or a home folder: refused without walking it
         if foreign is not None:
