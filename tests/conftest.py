@@ -46,11 +46,6 @@ def _torch_stays_on_one_thread():
 
 
 @pytest.fixture
-def one_thread():
-    """Kept for modules that still ask for it by name: `_torch_one_thread` pins every test already."""
-
-
-@pytest.fixture
 def gleak_cmd():
     """The CLI as a subprocess command (so exit codes and stderr are the user's)."""
     return [sys.executable, "-m", "gleak"]

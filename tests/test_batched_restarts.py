@@ -17,7 +17,6 @@ from gleak.mechanics.data import load_dataset
 from gleak.mechanics.models import create_model
 from gleak.mechanics.protocol import fedsgd_update
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 F64 = torch.float64
 
 

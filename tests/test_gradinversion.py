@@ -15,7 +15,6 @@ from gleak.mechanics.data import load_dataset
 from gleak.mechanics.metrics import score
 from gleak.mechanics.protocol import batch_gradient
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 RES, BATCH = 8, 8
 
 

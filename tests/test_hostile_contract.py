@@ -9,7 +9,6 @@ from gleak.contracts.registry import load_plugin_file
 from gleak.orchestration.suite import load_suite
 from gleak.orchestration.trial import run_trial
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 PLUGIN = textwrap.dedent('''
     import torch

@@ -12,8 +12,6 @@ from gleak.contracts.errors import InputError
 from gleak.orchestration import output_folder as owned
 from tests.test_hostile_store import T1, copy, refused, t1, tree  # noqa: F401 - t1: the shared fixture
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def test_force_does_not_overwrite_a_users_suite_json(tmp_path, capsys):
     a1 = tmp_path / "a1"

@@ -12,7 +12,6 @@ import pytest
 
 from gleak import cli
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 T1 = textwrap.dedent('''
     [suite]

@@ -159,8 +159,8 @@ def test_a_mixture_that_would_fire_a_dead_trap_row_is_not_named():
 
 
 def test_closed_form_agreement_names_what_it_finds_when_fewer_rows_differ_than_samples():
-    """The trap's reader found it: rows of fewer distinct inputs than the update's count (here one image four
-    times) used to end the closed form's agreement rule with an error; it now names the groups it has."""
+    """Rows of fewer distinct inputs than the update's count (here one image four times): the closed form's
+    agreement rule names the groups it has instead of ending in an error."""
     from gleak.contracts.wire import ClientBatch, Observation
     from gleak.mechanics.protocol import fedsgd_update
 
@@ -242,7 +242,7 @@ def test_an_attack_editing_the_model_outside_its_hooks_fails_check_plugin(tmp_pa
 
 
 def test_the_default_hook_leaves_imprint_trials_bit_identical(monkeypatch):
-    """The trial before the hook existed: one prepared model for every client, from the same generator."""
+    """An attack without prepare_clients: one prepared model for every client, from the same generator."""
     import gleak.orchestration.trial as T
 
     cases = [(_case(1, 4, "fedsgd"), "none", {}), (_case(4, 2), "topk", {"ratio": 0.9})]

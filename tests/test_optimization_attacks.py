@@ -18,9 +18,6 @@ from gleak.orchestration.trial import execute
 LENET16 = CaseConfig(dataset="skimage", model="lenet", resolution=16)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def _lenet_observation(seed=0, batch_size=1, labels=False):
     """A victim batch of real 16x16 images, its FedSGD gradient on DLG's untrained LeNet, and what IG may know."""
     ds = load_dataset("skimage", resolution=16)

@@ -177,8 +177,8 @@ def forged_models(attack: Attack, protocol: Any, models: list[nn.Module], knowle
 
 def served_models(attack: Attack, model: nn.Module, clients: int, knowledge: Knowledge, cfg: TrialConfig) -> list[nn.Module]:
     """The model each client computes at (the victim first) when the server sends them: `prepare` on the server's
-    model, then `prepare_clients` (from a generator of its own, so that an attack without it draws exactly what it
-    drew before the hook existed). PluginContractError where the clients get different models without the attack
+    model, then `prepare_clients` (from a generator of its own, so that `prepare` draws the same model whether or
+    not an attack defines `prepare_clients`). PluginContractError where the clients get different models without the attack
     declaring "per_client_models" (it would be granted a capability its threat model does not name)."""
     prepared = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
     if type(attack).prepare_clients is Attack.prepare_clients:

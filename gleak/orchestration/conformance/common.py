@@ -28,7 +28,7 @@ CHECK_NAMES = {
               "builds for a case", "forward shape", "parameter names", "deterministic under a seed",
               "a trial runs on it"],
 }  # fmt: skip
-# Methods of a Protocol that a Defense no longer has: defining one on a defense is a mistake the trial would ignore.
+# Methods of a Protocol, not of a Defense: defining one on a defense is a mistake the trial would ignore.
 ROUND_HOOKS = ("observe", "client_models", "observed_rounds", "next_models", "observer_model", "train_utility", "server_step")
 
 # Standard cases an attack is tried on; it must support at least one and fail cleanly on the others.
