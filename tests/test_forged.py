@@ -38,7 +38,7 @@ def test_a_forged_aggregate_plants_a_trap_in_every_confined_model_and_recovers_v
 
 def test_without_the_forged_round_the_trap_is_never_planted(monkeypatch):
     # The same attack with the forged round skipped (the models left as CGD drew them): the trap is not there.
-    monkeypatch.setattr(trial_module, "forged_models", lambda attack, protocol, models, knowledge, cfg: models)
+    monkeypatch.setattr(trial_module, "forged_models", lambda attack, protocol, models, knowledge, seed: models)
     rows = [run_trial(_cfg("forged-trap", s)) for s in SEEDS[:3]]
     assert _exact(rows) == 0, [r["psnr"] for r in rows]
 

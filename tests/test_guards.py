@@ -51,25 +51,25 @@ def _tensors(model):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_without_parameters_no_value_of_the_victims_model_reaches_the_attack(name, seed):
     victim = models()[name]
-    mine = observer_model(ARCH, victim, SimpleNamespace(seed=seed))
+    mine = observer_model(ARCH, victim, seed)
     theirs = _tensors(victim)
     for k, t in _tensors(mine).items():
         assert t.shape == theirs[k].shape and t.dtype == theirs[k].dtype
         if t.is_floating_point():
             assert (t != theirs[k]).all(), f"{name}: {k} keeps {int((t == theirs[k]).sum())} of the victim's values"
-    assert observer_model(WHITE_BOX, victim, SimpleNamespace(seed=seed)) is not victim
-    for k, t in _tensors(observer_model(WHITE_BOX, victim, SimpleNamespace(seed=seed))).items():
+    assert observer_model(WHITE_BOX, victim, seed) is not victim
+    for k, t in _tensors(observer_model(WHITE_BOX, victim, seed)).items():
         assert torch.equal(t, theirs[k])  # "parameters" declared: the victim's values
 
 
 def test_the_guess_is_a_function_of_the_seed_and_of_public_scales():
     victim = Custom()
-    a, b = (observer_model(ARCH, victim, SimpleNamespace(seed=s)) for s in (4, 4))
+    a, b = (observer_model(ARCH, victim, s) for s in (4, 4))
     assert all(torch.equal(x, y) for x, y in zip(_tensors(a).values(), _tensors(b).values()))
-    c = observer_model(ARCH, victim, SimpleNamespace(seed=5))
+    c = observer_model(ARCH, victim, 5)
     assert not torch.equal(a.mix, c.mix)
     # a custom weight is N(0, 1 / fan_in): fan_in 100, so std 0.1 whatever the victim's own scale (0.3)
-    draws = torch.cat([observer_model(ARCH, victim, SimpleNamespace(seed=s)).mix.detach().flatten() for s in range(5)])
+    draws = torch.cat([observer_model(ARCH, victim, s).mix.detach().flatten() for s in range(5)])
     assert abs(float(draws.std()) - 0.1) < 0.01 and abs(float(draws.mean())) < 0.01
     assert int(a.steps) == 7  # an integer counter is not data: kept
 
@@ -85,7 +85,7 @@ def test_a_shipped_architecture_gets_the_former_guess_bit_for_bit():
             for m in former.modules():
                 if hasattr(m, "reset_parameters"):
                     m.reset_parameters()
-        mine = observer_model(ARCH, victim, SimpleNamespace(seed=3))
+        mine = observer_model(ARCH, victim, 3)
         assert all(torch.equal(x, y) for x, y in zip(_tensors(mine).values(), _tensors(former).values()))
 
 

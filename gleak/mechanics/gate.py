@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gleak.contracts.config import TrialConfig, derive_seed, generator
+from gleak.contracts.config import derive_seed, generator
 from gleak.contracts.errors import PluginContractError, UnsupportedCase
 from gleak.contracts.plugin import Attack
 from gleak.contracts.wire import WIRE_META, ClientBatch, DefenseDescription, Knowledge, Observation, Update
@@ -54,7 +54,7 @@ def attacker_knowledge(
     )
 
 
-def observer_model(attack: Attack, model: nn.Module | None, cfg: TrialConfig) -> nn.Module | None:
+def observer_model(attack: Attack, model: nn.Module | None, seed: int) -> nn.Module | None:
     """The attacker's copy of the model: structure if it needs the architecture, weights only if it needs them.
 
     Without "parameters" every value is a guess (`guess_values`): the attacker knows the architecture and its init
@@ -63,7 +63,7 @@ def observer_model(attack: Attack, model: nn.Module | None, cfg: TrialConfig) ->
         return None
     mine = copy.deepcopy(model)
     if "parameters" not in attack.needs:
-        guess_values(mine, model, cfg.seed)
+        guess_values(mine, model, seed)
     return mine
 
 
@@ -114,12 +114,12 @@ def gate_update(update: Update, needs: frozenset[str] | set[str]) -> Update:
 
 
 def observation(
-    view: Update, held: nn.Module | None, attack: Attack, knowledge: Knowledge, cfg: TrialConfig,
+    view: Update, held: nn.Module | None, attack: Attack, knowledge: Knowledge, seed: int,
     rounds: tuple[Observation, ...] = (),
 ) -> Observation:  # fmt: skip
     """What the attack receives of one round: the gated view, the gated model and its knowledge (built by
     `attacker_knowledge`), with the earlier rounds' observations (each made here too)."""
-    return Observation(gate_update(view, attack.needs), knowledge, observer_model(attack, held, cfg), rounds)
+    return Observation(gate_update(view, attack.needs), knowledge, observer_model(attack, held, seed), rounds)
 
 
 def grant(attack: Attack, protocol: Any, attack_name: str, protocol_name: str, threat_model: str | None) -> str:
@@ -157,13 +157,13 @@ def refuse_unservable(attack: Attack, protocol: Any, attack_name: str, protocol_
                               "compute at the model the server prepares")  # fmt: skip
 
 
-def forged_models(attack: Attack, protocol: Any, models: list[nn.Module], knowledge: Knowledge, cfg: TrialConfig) -> list[nn.Module]:
+def forged_models(attack: Attack, protocol: Any, models: list[nn.Module], knowledge: Knowledge, seed: int) -> list[nn.Module]:
     """The clients' models after one round whose aggregate the adversary forged (an attack declaring
     "forged_aggregate"): `attack.forge` sees the model the observer holds, as the gate lets it, and names how every
     model should move; the protocol moves them (Protocol.forged_step). PluginContractError where the displacement is
     not a finite tensor of a trainable parameter's shape."""
-    held = observer_model(attack, protocol.observer_model(models[0], models), cfg)
-    move = attack.forge(held, knowledge, generator(cfg.seed, "attack-forge"))
+    held = observer_model(attack, protocol.observer_model(models[0], models), seed)
+    move = attack.forge(held, knowledge, generator(seed, "attack-forge"))
     shapes = {n: p.shape for n, p in (held or models[0]).named_parameters() if p.requires_grad}
     if not isinstance(move, dict):
         raise PluginContractError(f"forge must return a dict of tensors by parameter name, got {type(move).__name__}")
@@ -175,15 +175,15 @@ def forged_models(attack: Attack, protocol: Any, models: list[nn.Module], knowle
     return protocol.forged_step(models, move)
 
 
-def served_models(attack: Attack, model: nn.Module, clients: int, knowledge: Knowledge, cfg: TrialConfig) -> list[nn.Module]:
+def served_models(attack: Attack, model: nn.Module, clients: int, knowledge: Knowledge, seed: int) -> list[nn.Module]:
     """The model each client computes at (the victim first) when the server sends them: `prepare` on the server's
     model, then `prepare_clients` (from a generator of its own, so that `prepare` draws the same model whether or
     not an attack defines `prepare_clients`). PluginContractError where the clients get different models without the attack
     declaring "per_client_models" (it would be granted a capability its threat model does not name)."""
-    prepared = attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))
+    prepared = attack.prepare(model, knowledge, generator(seed, "attack-prepare"))
     if type(attack).prepare_clients is Attack.prepare_clients:
         return [prepared] * clients
-    models = attack.prepare_clients(prepared, clients, knowledge, generator(cfg.seed, "attack-clients"))
+    models = attack.prepare_clients(prepared, clients, knowledge, generator(seed, "attack-clients"))
     if not isinstance(models, list) or len(models) != clients or not all(isinstance(m, nn.Module) for m in models):
         raise PluginContractError(f"prepare_clients must return a list of {clients} modules, one per client")
     if len({id(m) for m in models}) > 1 and "per_client_models" not in attack.needs:

@@ -188,9 +188,9 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
     if protocol.shared_model and "label_counts" in attack.needs:  # the active server's first query
         knowledge = replace(knowledge, label_counts=label_query(cfg, protocol, defenses, models[0], batches, knowledge))
     if "forged_aggregate" in attack.needs:  # one round whose aggregate the adversary forged (outside honest-but-curious)
-        models = forged_models(attack, protocol, models, knowledge, cfg)
+        models = forged_models(attack, protocol, models, knowledge, cfg.seed)
     if protocol.shared_model:  # the server sends its models; an active attack builds them (new modules)
-        models = served_models(attack, models[0], len(batches), knowledge, cfg)
+        models = served_models(attack, models[0], len(batches), knowledge, cfg.seed)
     transforming = transforms_inputs(defenses[0])
     kept: list = []
     if transforming:  # the victim's defense keeps the batches it trains on; only the attacked (last) round's count
@@ -202,9 +202,9 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
     sent = sent_batch(batches[0], [tuple(t.cpu() for t in k) for k in kept]) if transforming else None
     history: tuple[Observation, ...] = ()
     for w in [*warm, *seen[:-1]]:  # every round the observer saw passes the gate
-        history = (*history, observation(w.view, w.held, attack, knowledge, cfg))
+        history = (*history, observation(w.view, w.held, attack, knowledge, cfg.seed))
     last = seen[-1]
-    rec = attack.reconstruct(observation(last.view, last.held, attack, knowledge, cfg, history),
+    rec = attack.reconstruct(observation(last.view, last.held, attack, knowledge, cfg.seed, history),
                              generator(cfg.seed, "attack"))  # fmt: skip
     # The distance is to the plain update, so that a defense acting inside the client's computation (DP-SGD) counts.
     own = type(defenses[0]).client_gradient is not Defense.client_gradient or transforming

@@ -44,11 +44,11 @@ def _observed_through_protocol(attack: Attack, cfg: TrialConfig, ds: Any, model:
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
     if "forged_aggregate" in attack.needs:  # the forged round, as a trial makes it
-        models = forged_models(attack, protocol, models, knowledge, cfg)
+        models = forged_models(attack, protocol, models, knowledge, cfg.seed)
     _, seen = run_rounds(protocol, defenses, models, protocol.observed_rounds(), observed_schedule(batches, cfg),
                          cfg.case.warmup_lr, step_last=False)  # fmt: skip
-    history = tuple(observation(w.view, w.held, attack, knowledge, cfg) for w in seen[:-1])
-    return batches[0], observation(seen[-1].view, seen[-1].held, attack, knowledge, cfg, history)
+    history = tuple(observation(w.view, w.held, attack, knowledge, cfg.seed) for w in seen[:-1])
+    return batches[0], observation(seen[-1].view, seen[-1].held, attack, knowledge, cfg.seed, history)
 
 
 def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, seed: int = 0):
@@ -75,12 +75,12 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
         counts = read_counts(client_update(query, victim, cfg, tag="/query"), query, ds.num_classes, victim.size)
         knowledge = replace(knowledge, label_counts=counts)
     if "forged_aggregate" in attack.needs:  # the forged round, as a trial makes it
-        model = forged_models(attack, registry.create("protocol", "fedsgd"), [model], knowledge, cfg)[0]
+        model = forged_models(attack, registry.create("protocol", "fedsgd"), [model], knowledge, cfg.seed)[0]
     before_model = copy.deepcopy(model.state_dict())
     served = attack.prepare(model, knowledge, generator(seed, "attack-prepare"))
     prepare_mutated = not _tensors_equal(before_model, model.state_dict()) and served is model
     update = client_update(served, victim, cfg)
-    obs = observation(update, served, attack, knowledge, cfg)  # the trial's own gate
+    obs = observation(update, served, attack, knowledge, cfg.seed)  # the trial's own gate
     update = obs.update
     snap_update = {k: v.clone() for k, v in update.tensors.items()}
     rec = attack.reconstruct(obs, generator(seed, "attack"))
@@ -206,8 +206,8 @@ def model_hook_problem(attack_factory: Callable[[], Attack], case: CaseConfig, c
     served = handed + [(m, _state(m)) for m in models]
     _, seen = run_rounds(protocol, [registry.create("defense", "none") for _ in batches], models, protocol.observed_rounds(),
                          observed_schedule(batches, cfg), case.warmup_lr, step_last=False)  # fmt: skip
-    history = tuple(observation(w.view, w.held, attack, knowledge, cfg) for w in seen[:-1])
-    attack.reconstruct(observation(seen[-1].view, seen[-1].held, attack, knowledge, cfg, history), generator(seed, "attack"))
+    history = tuple(observation(w.view, w.held, attack, knowledge, cfg.seed) for w in seen[:-1])
+    attack.reconstruct(observation(seen[-1].view, seen[-1].held, attack, knowledge, cfg.seed, history), generator(seed, "attack"))
     if any(not _tensors_equal(state, _state(m)) for m, state in served):
         return ("a model the clients computed at changed after the hooks returned (in reconstruct, or through a "
                 "reference kept from them): only prepare and prepare_clients may shape the models")  # fmt: skip
