@@ -177,3 +177,25 @@ def test_the_backbone_is_fetched_into_the_torch_cache_and_verified(monkeypatch, 
     monkeypatch.setattr(perceptual, "weights_url", lambda: (tmp_path / "absent.pth").as_uri())
     assert perceptual.fetch_weights(said.append) is None
     assert "could not fetch" in said[-1] and perceptual.LPIPS_HOWTO in said[-1] and not got.exists()
+
+
+def test_psnr_is_scikit_images_per_image():
+    from skimage.metrics import peak_signal_noise_ratio
+
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.rand(3, 3, 16, 16, generator=g, dtype=torch.float64), torch.rand(3, 3, 16, 16, generator=g, dtype=torch.float64)
+    ours = metrics.psnr(a, b)
+    for i in range(3):
+        assert float(ours[i]) == pytest.approx(peak_signal_noise_ratio(a[i].numpy(), b[i].numpy(), data_range=1.0))
+
+
+def test_rouge_is_the_f_measure_of_unigrams_bigrams_and_the_longest_common_subsequence():
+    pytest.importorskip("rouge_score")
+    from gleak.mechanics.text.metrics import rouge
+
+    # by hand: unigrams 2 of 3 each way (F 2/3); bigrams {ab, bc} vs {ab, bd}: 1 of 2 (F 1/2); LCS "a b" (F 2/3)
+    r = rouge(["a", "b", "c"], ["a", "b", "d"])
+    assert (r["rouge1"], r["rouge2"], r["rougeL"]) == pytest.approx((2 / 3, 1 / 2, 2 / 3))
+    # order matters to ROUGE-2 and ROUGE-L only: the reversed text keeps every unigram
+    r = rouge(["a", "b", "c"], ["c", "b", "a"])
+    assert (r["rouge1"], r["rouge2"], r["rougeL"]) == pytest.approx((1.0, 0.0, 1 / 3))

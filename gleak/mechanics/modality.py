@@ -122,7 +122,8 @@ class TextModality:
         sequences (observed[0]; a text case has one client) and the blind guess; the truth and the reconstruction's
         first sequence go to the row's extra."""
         from gleak.mechanics.text.data import frequent_tokens
-        from gleak.mechanics.text.metrics import TEXT_VERDICT_RULE, text_scores
+        from gleak.mechanics.text.metrics import text_scores
+        from gleak.mechanics.verdicts import TEXT_VERDICT_RULE
 
         victim = observed[0]
         limit = max_images(sum(b.size for b in observed), 1)

@@ -27,6 +27,12 @@ PARTIAL_MSE = 0.2
 RECOVERED_MARGIN_DB = 10.0
 PARTIAL_MARGIN_DB = 3.0
 VERDICT_RULES = ("margin", "seed002")
+# Text trials (gleak.mechanics.text.metrics): recovered where ROUGE-L reaches RECOVERED_ROUGE_L (the text in its order),
+# partial where ROUGE-1 reaches PARTIAL_ROUGE_1 and PARTIAL_MARGIN above the blind guess's (the words); their rule:
+RECOVERED_ROUGE_L = 0.8
+PARTIAL_ROUGE_1 = 0.5
+PARTIAL_MARGIN = 0.2
+TEXT_VERDICT_RULE = "text"  # the verdict rule a text trial stores (extra verdict_rule): these bands
 VERDICT_ORDER = {"defended": 0, "partial": 1, "recovered": 2}
 
 
@@ -98,3 +104,12 @@ def verdict_mse(mean_mse: float | None, half_mse: float | None, rule: str) -> fl
     """The MSE a trial's verdict reads: under "margin" the MSE at least half of the batch's images reach (an image is
     a person's data: half the batch recovered exactly is a leak); under "seed002" the batch mean, as the closed-form notes do."""
     return half_mse if rule == "margin" and not _missing(half_mse) else mean_mse
+
+
+def text_verdict(rouge1: float, rouge_l: float, blind_rouge1: float) -> str:
+    """A text trial's verdict from its ROUGE-1, ROUGE-L and the blind guess's ROUGE-1 (the bands above)."""
+    if rouge_l >= RECOVERED_ROUGE_L:
+        return "recovered"
+    if rouge1 >= PARTIAL_ROUGE_1 and rouge1 >= blind_rouge1 + PARTIAL_MARGIN:
+        return "partial"
+    return "defended"

@@ -18,7 +18,7 @@ import pandas as pd
 from gleak.mechanics.metrics import PSNR_CEILING
 
 from gleak.mechanics.verdicts import VERDICT_ORDER, trial_verdict
-from gleak.mechanics.text.metrics import TEXT_VERDICT_RULE
+from gleak.mechanics.verdicts import TEXT_VERDICT_RULE
 from gleak.orchestration.store import DONE, NOT_APPLICABLE
 from gleak.reporting.attribution import attribute_measured_configuration
 

@@ -13,7 +13,7 @@ scores over the vocabulary; the token it reads is the argmax. Scoring rules (the
   update). Its scores are stored beside the attack's (blind_rouge1, ...).
 - Verdict: recovered when ROUGE-L >= RECOVERED_ROUGE_L (the text in its order); partial when ROUGE-1 >=
   PARTIAL_ROUGE_1 and at least PARTIAL_MARGIN above the blind guess's ROUGE-1 (the words, not their order);
-  else defended.
+  else defended (gleak.mechanics.verdicts.text_verdict, with the image rules).
 
 >>> t = torch.tensor([[5, 6, 7, 8]]); r = torch.nn.functional.one_hot(torch.tensor([[5, 6, 8, 7]]), 10).float()
 >>> s = text_scores(t, r, torch.tensor([2, 3, 4, 9]), [str(i) for i in range(10)])
@@ -30,12 +30,10 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from gleak.mechanics.verdicts import text_verdict
+
 PAD_ID = 0
-RECOVERED_ROUGE_L = 0.8
-PARTIAL_ROUGE_1 = 0.5
-PARTIAL_MARGIN = 0.2
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
-TEXT_VERDICT_RULE = "text"  # the verdict rule a text trial stores (extra verdict_rule): these bands
 
 
 class _Tokens:
@@ -87,14 +85,6 @@ def _one(truth: Tensor, guess: Tensor, vocab: list[str] | tuple[str, ...]) -> di
     out = rouge(words(truth), words(guess))
     out["token_acc"] = token_accuracy(truth, guess)
     return out
-
-
-def text_verdict(rouge1: float, rouge_l: float, blind_rouge1: float) -> str:
-    if rouge_l >= RECOVERED_ROUGE_L:
-        return "recovered"
-    if rouge1 >= PARTIAL_ROUGE_1 and rouge1 >= blind_rouge1 + PARTIAL_MARGIN:
-        return "partial"
-    return "defended"
 
 
 def text_scores(truth: Tensor, rec: Tensor | None, blind: Tensor, vocab: list[str] | tuple[str, ...]) -> dict[str, Any]:

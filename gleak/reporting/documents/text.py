@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from gleak.contracts.vocabulary import DEFAULT_SEQ_LEN
-from gleak.mechanics.text.metrics import PARTIAL_MARGIN, PARTIAL_ROUGE_1, RECOVERED_ROUGE_L
+from gleak.mechanics.verdicts import PARTIAL_MARGIN, PARTIAL_ROUGE_1, RECOVERED_ROUGE_L
 from gleak.reporting.aggregate import as_float, median_verdict
 from gleak.reporting.documents.cells import accuracy_change, attack_label, fmt, params_text
 
