@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from gleak.contracts.plugin import Defense, check_choice
 from gleak.contracts.registry import register_defense
 from gleak.contracts.wire import Update
+from gleak.mechanics.accountant import PrivacyAccountant
 from gleak.mechanics.protocol import loss_fn, trainable
 
 
@@ -45,14 +46,7 @@ def dp_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: f
     """epsilon of `steps` compositions of the subsampled Gaussian mechanism, from opacus' accountant."""
     if noise_multiplier == 0:
         return math.inf
-    from opacus.accountants import create_accountant
-
-    acc = create_accountant(mechanism=accountant)
-    for _ in range(steps):  # stepped as training steps it (opacus merges equal steps into one history entry)
-        acc.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
-    with warnings.catch_warnings():  # opacus' advice to widen its default orders; we report its default bound
-        warnings.filterwarnings("ignore", message="Optimal order is the")
-        return float(acc.get_epsilon(delta=delta))
+    return PrivacyAccountant.of(noise_multiplier, sample_rate, steps).get_epsilon(delta, accountant)
 
 
 def dp_noise_multiplier(target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp") -> float:
@@ -155,7 +149,8 @@ class Noise(Defense):
         if self.mode != "dp":
             return super().client_gradient(model, x, y, rng)
         summed = clipped_gradient_sum(model, x, y, self.clip)
-        self._noisy_steps = getattr(self, "_noisy_steps", 0) + 1  # the accountant counts what was actually taken
+        if self.privacy_accountant is not None:  # stepped where the noise is drawn: it counts what was taken
+            self.privacy_accountant.step(noise_multiplier=self.z, sample_rate=self.sample_rate or 1.0)
         std = self.z * self.clip
         return {n: (s + torch.randn(s.shape, generator=rng, dtype=s.dtype) * std) / len(x) for n, s in summed.items()}
 
@@ -169,13 +164,9 @@ class Noise(Defense):
             return None
         return dp_epsilon(self.z, sample_rate, steps, delta, self.accountant)
 
-    def reset(self) -> None:
-        self._noisy_steps = 0
-
     def privacy_spent(self) -> float | None:
-        """Epsilon at `delta` of the noisy steps taken since `reset`, at `sample_rate` (None: 1, a client whose
-        every step uses all it holds, as in an attack trial where its batch is its data)."""
-        steps = getattr(self, "_noisy_steps", 0)
-        if self.mode != "dp" or not steps:
+        """Epsilon at `delta` of the noisy steps its accountant counted (each at `sample_rate`; None: 1, a client
+        whose every step uses all it holds, as in an attack trial where its batch is its data)."""
+        if self.mode != "dp" or self.privacy_accountant is None:
             return None
-        return self.epsilon(delta=self.delta, sample_rate=self.sample_rate or 1.0, steps=steps)
+        return self.privacy_accountant.get_epsilon(self.delta, self.accountant)

@@ -14,6 +14,7 @@ from torch import nn
 from gleak.contracts.config import derive_seed
 from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.wire import ClientBatch
+from gleak.mechanics.accountant import PrivacyAccountant
 from gleak.mechanics.models import create_model
 from gleak.mechanics.protocol import Schedule, run_rounds
 from gleak.protocols.cgd_training import Partition, blocks, init_deltas, participant_init, train
@@ -88,6 +89,7 @@ def train_per_participant(
     defenses = [create("defense", defense[0], **defense[1]) for _ in models]
     for d in defenses:
         d.reset()
+        d.bind_accountant(PrivacyAccountant())  # this client's own, stepped by its noisy steps
     rngs = [torch.Generator().manual_seed(derive_seed(config.seed, f"cgd/client/{i}")) for i in range(len(models))]
     wire = torch.Generator().manual_seed(derive_seed(config.seed, "cgd/wire"))
     proto = copy.copy(proto)  # the utility run's schedule: alpha = [utility] server_lr over T = [utility] training_rounds

@@ -281,16 +281,21 @@ def test_the_cgd_engine_is_algorithm_2_on_unequal_sample_blocks(n, rows, cols, s
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
 
 
-def test_reset_starts_the_privacy_spent_afresh():
+def test_the_accountant_counts_the_noisy_steps_and_a_new_run_gets_a_new_one():
     from gleak.contracts.registry import create
+    from gleak.mechanics.accountant import PrivacyAccountant
 
     d = create("defense", "noise", mode="dp", noise_multiplier=1.3)
     model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
     x, y, g = torch.randn(2, 1, 2, 2), torch.tensor([0, 2]), torch.Generator().manual_seed(0)
+    d.client_gradient(model, x, y, g)
+    assert d.privacy_spent() is None  # no accountant given: the defense counts nothing itself
+    first = PrivacyAccountant()
+    d.bind_accountant(first)
     for _ in range(3):
         d.client_gradient(model, x, y, g)
-    assert d.privacy_spent() == pytest.approx(_stepped_epsilon(1.3, 3), rel=1e-9)
-    d.reset()  # a new trial or a new training run: the accountant starts again
+    assert len(first) == 3 and d.privacy_spent() == pytest.approx(_stepped_epsilon(1.3, 3), rel=1e-9)
+    d.bind_accountant(PrivacyAccountant())  # a new trial or training run: a fresh accountant
     assert d.privacy_spent() is None
     d.client_gradient(model, x, y, g)
-    assert d.privacy_spent() == pytest.approx(_stepped_epsilon(1.3, 1), rel=1e-9)
+    assert d.privacy_spent() == pytest.approx(_stepped_epsilon(1.3, 1), rel=1e-9) and len(first) == 3

@@ -202,8 +202,17 @@ class Defense(Plugin):
         """The (epsilon, delta)-DP guarantee of `steps` steps at `sample_rate`, where one is defined, else None."""
         return None
 
+    # The client's accountant (gleak.mechanics.accountant.PrivacyAccountant), given by the trial before the first round
+    # (`bind_accountant`): a defense that draws calibrated noise steps it there; the count is the accountant's.
+    privacy_accountant: Any = None
+
+    def bind_accountant(self, accountant: Any) -> None:
+        """The client's own privacy accountant, for its noisy steps (opacus' shape: stepped where the noise is
+        drawn). Called by the runner once per client and run, after `reset`."""
+        self.privacy_accountant = accountant
+
     def privacy_spent(self) -> float | None:
-        """Epsilon of the steps this client has taken since `reset` (at the defense's own delta), else None."""
+        """Epsilon of the steps its accountant counted (at the defense's own delta), else None."""
         return None
 
 

@@ -26,6 +26,7 @@ from gleak.contracts.errors import NonFiniteUpdate
 # gleak.mechanics.protocol's public names as well: attacks, defenses and tests import them from here.
 from gleak.contracts.plugin import Defense, Plugin, batch_gradient, loss_fn, trainable  # noqa: F401
 from gleak.contracts.wire import ClientBatch, Update
+from gleak.mechanics.accountant import PrivacyAccountant
 from gleak.mechanics.defense_output import check_sent, unmodified
 
 
@@ -300,6 +301,7 @@ def federated_training(
     defenses: list[Defense] = [create("defense", defense[0], **defense[1]) for _ in range(cfg.clients)]
     for d in defenses:
         d.reset()
+        d.bind_accountant(PrivacyAccountant())  # this client's own, stepped by its noisy steps
         d.bind_data(train.mean, train.std)
     model = devices.to_device(defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model")))  # PRECODE's
     # The data travels to the run's device once (gleak.mechanics.device.use; loaded on the CPU); the clients' index draws stay

@@ -26,6 +26,7 @@ from gleak.contracts.plugin import Attack, Defense, transforms_inputs
 from gleak.contracts.registry import create
 from gleak.contracts.wire import ClientBatch, Observation, Update, replace
 from gleak.mechanics import device as devices
+from gleak.mechanics.accountant import PrivacyAccountant
 from gleak.mechanics.data import ImageDataset, sample_indices
 from gleak.mechanics.defense_output import extra_json
 from gleak.mechanics.gate import (  # noqa: F401 - observer_model: public here
@@ -131,6 +132,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     defenses: list[Defense] = [create("defense", setup.defense, **setup.defense_params) for _ in batches]
     for d in defenses:
         d.reset()
+        d.bind_accountant(PrivacyAccountant())  # this client's own, stepped by its noisy steps
         d.bind_data(ds.mean, ds.std)  # the clients' normalisation (the victims' split is normalised alike)
     grant(attack, protocol, cfg.attack, setup.protocol, cfg.threat_model)
     public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in attack.needs else None
