@@ -249,8 +249,8 @@ def test_the_default_hook_leaves_imprint_trials_bit_identical(monkeypatch):
     # a random measurement: the prepare step draws from its generator, which must stay the one it had
     trials = [TrialConfig("t", "imprint", {"bins": 16, "measurement": "random"}, d, dp, c, s) for c, d, dp in cases for s in (0, 1)]
     now = [execute(cfg) for cfg in trials]
-    before = lambda attack, model, clients, knowledge, cfg: [  # noqa: E731
-        attack.prepare(model, knowledge, generator(cfg.seed, "attack-prepare"))] * clients
+    before = lambda attack, model, clients, knowledge, seed: [  # noqa: E731
+        attack.prepare(model, knowledge, generator(seed, "attack-prepare"))] * clients
     monkeypatch.setattr(T, "served_models", before)
     for cfg, a in zip(trials, now):
         b = execute(cfg)
