@@ -164,7 +164,7 @@ def forged_models(attack: Attack, protocol: Any, models: list[nn.Module], knowle
     not a finite tensor of a trainable parameter's shape."""
     held = observer_model(attack, protocol.observer_model(models[0], models), seed)
     move = attack.forge(held, knowledge, generator(seed, "attack-forge"))
-    shapes = {n: p.shape for n, p in (held or models[0]).named_parameters() if p.requires_grad}
+    shapes = {n: p.shape for n, p in (held if held is not None else models[0]).named_parameters() if p.requires_grad}
     if not isinstance(move, dict):
         raise PluginContractError(f"forge must return a dict of tensors by parameter name, got {type(move).__name__}")
     for name, t in move.items():
