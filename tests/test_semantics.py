@@ -1,13 +1,11 @@
 """Code tests of small rules whose breaking no other test noticed: each names the wrong product it catches (a
 mutation of the code it protects that every other test passed)."""
-import math
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from gleak.contracts.plugin import Attack
 from gleak.contracts.registry import create
 from gleak.contracts.wire import Update
 from gleak.mechanics.gate import gate_update
