@@ -1,5 +1,3 @@
-import sys
+from gleak.cli import entry
 
-from gleak.cli import main
-
-sys.exit(main())
+entry()

@@ -1,7 +1,9 @@
 """A plugin that ends the process (os._exit, sys.exit) at import or in __init__ ends `run` and `check-plugin` with
-one line naming the plugin and exit 2, not with its own exit status (gleak.contracts.attack_output.no_exit)."""
+one line naming the plugin and exit 2, not with its own exit status (gleak.contracts.plugin_guards.no_exit)."""
+import signal
 import subprocess
 import textwrap
+import time
 
 import pytest
 
@@ -104,3 +106,133 @@ def test_a_plugins_child_processes_end_with_its_trial(tmp_path, capsys):
     spawned = [int(p) for line in pids.read_text().splitlines() if line for p in line.split()]
     assert len(spawned) == 4, spawned  # two trials, two processes each
     assert [p for p in spawned if _alive(p)] == []
+
+
+STUBBORN = textwrap.dedent('''
+    import subprocess
+    import sys
+    import time
+
+    from gleak import register_attack
+    from gleak.contracts.plugin import Attack
+
+
+    @register_attack("stubborn")
+    class Stubborn(Attack):
+        """Test attack that starts a child ignoring SIGTERM, then hangs past the trial's time limit."""
+
+        needs = frozenset({"architecture"})
+
+        def reconstruct(self, observation, rng):
+            code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+            child = subprocess.Popen([sys.executable, "-c", code])
+            with open(PIDS, "a") as fh:
+                fh.write(f"{child.pid}\\n")
+            time.sleep(300)
+''')
+
+
+def test_a_timed_out_trials_children_end_with_it(tmp_path, capsys):
+    """The trial is killed at --trial-timeout: its worker and every process below it go (a child that ignores
+    SIGTERM included; gleak.orchestration.workers._kill_tree), none is left running after the run."""
+    from gleak import cli
+
+    pids = tmp_path / "pids.txt"
+    plugin = tmp_path / "stubborn.py"
+    plugin.write_text(STUBBORN.replace("PIDS", repr(str(pids))))
+    (tmp_path / "s.toml").write_text(T1.replace('name = "closed-form"', 'name = "stubborn"').replace("[0, 1]", "[0]"))
+    code = cli.main(["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o"), "--plugin", str(plugin),
+                     "--no-progress", "--trial-timeout", "3"])  # fmt: skip
+    assert code == 1, capsys.readouterr().err
+    spawned = [int(p) for p in pids.read_text().split()]
+    assert len(spawned) == 1
+    deadline = time.monotonic() + 5  # killed before the run returns; a zombie is reaped by init, not counted
+    while _alive(spawned[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(spawned[0])
+
+
+INTERRUPTER = textwrap.dedent('''
+    import time
+
+    from gleak import register_attack
+    from gleak.contracts.plugin import Attack
+
+
+    @register_attack("interrupter")
+    class Interrupter(Attack):
+        """Test attack whose __init__ raises KeyboardInterrupt, or waits (for the user's Ctrl-C)."""
+
+        needs = frozenset({"architecture"})
+
+        def __init__(self):
+            if WAIT:
+                open(MARK, "w").close()
+                time.sleep(60)
+            raise KeyboardInterrupt
+
+        def reconstruct(self, observation, rng):
+            raise RuntimeError("never reached")
+''')
+
+
+def test_a_plugins_keyboard_interrupt_is_its_fault_and_a_ctrl_c_is_the_users(tmp_path, gleak_cmd, run_env, capsys):
+    """KeyboardInterrupt raised by a plugin's __init__: exit 2, one line naming the plugin (not "interrupted");
+    a real SIGINT while a plugin's __init__ runs: the user's interrupt, exit 130
+    (gleak.contracts.plugin_guards.sigint_watch)."""
+    from gleak import cli
+
+    (tmp_path / "s.toml").write_text(T1.replace('name = "closed-form"', 'name = "interrupter"'))
+    mark = tmp_path / "started"
+    for wait in (False, True):
+        plugin = tmp_path / f"interrupter_{wait}.py"
+        plugin.write_text(INTERRUPTER.replace("WAIT", str(wait)).replace("MARK", repr(str(mark))))
+        args = ["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / f"o{wait}"), "--plugin", str(plugin),
+                "--no-progress", "--in-process"]  # fmt: skip
+        if not wait:
+            capsys.readouterr()
+            assert cli.main(args) == 2
+            err = capsys.readouterr().err
+            assert len(err.strip().splitlines()) == 1 and "attack 'interrupter'" in err and "KeyboardInterrupt" in err, err
+            continue
+        proc = subprocess.Popen(gleak_cmd + args, env=run_env, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not mark.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err)
+
+
+THREADER = textwrap.dedent('''
+    import threading
+    import time
+
+    from gleak import register_attack
+    from gleak.contracts.plugin import Attack
+
+
+    @register_attack("threader")
+    class Threader(Attack):
+        """Test attack that leaves a non-daemon thread running."""
+
+        needs = frozenset({"architecture"})
+
+        def reconstruct(self, observation, rng):
+            threading.Thread(target=time.sleep, args=(120,), name="plugin-sleeper").start()
+            raise RuntimeError("done threading")
+''')
+
+
+def test_in_process_run_exits_although_a_plugin_left_a_thread(tmp_path, gleak_cmd, run_env):
+    """`--in-process` runs plugins in gleak's process; a non-daemon thread one leaves would keep Python from exiting
+    (it waits for them): the command exits with the run's status and names the thread (gleak.cli.entry)."""
+    plugin = tmp_path / "threader.py"
+    plugin.write_text(THREADER)
+    (tmp_path / "s.toml").write_text(T1.replace('name = "closed-form"', 'name = "threader"').replace("[0, 1]", "[0]"))
+    t0 = time.monotonic()
+    r = subprocess.run(gleak_cmd + ["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o"), "--plugin",
+                                    str(plugin), "--no-progress", "--in-process"],  # fmt: skip
+                       env=run_env, capture_output=True, text=True, timeout=100)
+    assert r.returncode == 1 and time.monotonic() - t0 < 100, r.stderr
+    assert "plugin-sleeper" in r.stderr.strip().splitlines()[-1], r.stderr

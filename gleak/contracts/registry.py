@@ -293,13 +293,18 @@ class Registry:
         return stored
 
     def create(self, name: str, *args: Any, **params: Any) -> Any:
-        from gleak.contracts.attack_output import exit_text, no_exit
+        from gleak.contracts.plugin_guards import exit_text, no_exit, sigint_watch
 
         self.check_params(name, params)
         obj = self.info(name).obj
         try:
-            with no_exit():
+            with sigint_watch() as ctrl_c, no_exit():
                 return obj(*args, **params)
+        except KeyboardInterrupt:
+            if ctrl_c:  # the user's Ctrl-C while the plugin was built: theirs to stop the run
+                raise
+            raise ParamError(f"{self.kind} {name!r}: __init__ raised KeyboardInterrupt (not a Ctrl-C: the plugin raised "
+                             "it)") from None
         except SystemExit as exc:  # sys.exit or os._exit in __init__: the plugin's failure, never gleak's exit
             raise ParamError(f"{self.kind} {name!r}: __init__ {exit_text(exc)}") from None
         except (ValueError, TypeError) as exc:
@@ -408,18 +413,20 @@ def load_plugin_file(path: str | Path) -> list[tuple[str, str]]:
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
         raise InputError(f"{path}: not an importable Python file")
-    from gleak.contracts.attack_output import exit_text, no_exit
+    from gleak.contracts.plugin_guards import exit_text, no_exit, sigint_watch
 
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
-        with no_exit():
+        with sigint_watch() as ctrl_c, no_exit():
             spec.loader.exec_module(module)
     except InputError as exc:
         sys.modules.pop(mod_name, None)
         raise InputError(f"{path}: {exc}") from exc
     except BaseException as exc:  # SyntaxError, ImportError, anything: one line, the file named
         sys.modules.pop(mod_name, None)
+        if isinstance(exc, KeyboardInterrupt) and ctrl_c:  # the user's Ctrl-C during the import: not the file's fault
+            raise
         line = getattr(exc, "lineno", None)
         where = f"{path}:{line}" if line else str(path)
         if isinstance(exc, SystemExit):

@@ -257,9 +257,9 @@ def _plugins(kind: str, entries: Any, where: _Where, table: str) -> list[tuple[s
 
 
 def _create_in_time(kind: str, name: str, params: dict[str, Any]) -> Any:
-    """registry.create within the construction time limit (gleak.contracts.attack_output.init_timeout, 60 s unless
+    """registry.create within the construction time limit (gleak.contracts.plugin_guards.init_timeout, 60 s unless
     $GLEAK_PLUGIN_INIT_TIMEOUT says otherwise): a plugin whose __init__ hangs is one line naming it."""
-    from gleak.contracts.attack_output import INIT_TIMEOUT_ENV, ConstructionTimeout, construction_timeout, init_timeout
+    from gleak.contracts.plugin_guards import INIT_TIMEOUT_ENV, ConstructionTimeout, construction_timeout, init_timeout
 
     seconds = init_timeout()
     try:

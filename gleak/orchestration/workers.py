@@ -212,6 +212,33 @@ def _end_trial_children(before: set[int]) -> None:
     _reap()
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and its descendants, from outside: `pid` is frozen (SIGSTOP) first, and its descendants are
+    looked for again until none is left, so that a process forking while it is killed is caught too."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except OSError:
+        return
+    for _ in range(5):
+        below = _descendants(pid)
+        if not below:
+            break
+        for child in below:
+            try:
+                os.kill(child, signal.SIGSTOP)  # freeze the whole tree before any of it dies: no fork slips past
+            except OSError:
+                pass
+        for child in below:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def _reap() -> None:
     while True:
         try:
@@ -307,8 +334,10 @@ class _Worker:
         return True
 
     def stop(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
+        """End the worker and every process below it (a plugin's child that ignores SIGTERM included): the worker
+        is stopped first so that it starts no more, then what it started is killed, then the worker."""
+        if self.proc.is_alive() and self.proc.pid is not None:
+            _kill_tree(self.proc.pid)
         self.proc.join(5)
         self.conn.close()
 
