@@ -206,13 +206,14 @@ def _take_claims(folder: Path, suite_file: str) -> None:
 
 def cmd_rescore(args: argparse.Namespace) -> int:
     from gleak.orchestration.output_folder import claim_results
-    from gleak.orchestration.reconstructions import coverage_text, parse_metrics, rescore_counts
+    from gleak.orchestration.reconstructions import check_stored_arrays, coverage_text, parse_metrics, rescore_counts
     from gleak.orchestration.store import check_store
     from gleak.reporting.report import write_folder_reports as write_reports
 
     metrics = parse_metrics(args.metrics)
-    _check_lpips(args.lpips_backbone, fetch="lpips" in metrics)
     claim_results(args.dir, check_store)  # as `gleak leaderboard`: gleak's folder, no user's file where a report goes
+    check_stored_arrays(args.dir)  # a store that cannot be rescored is refused before any weights are fetched
+    _check_lpips(args.lpips_backbone, fetch="lpips" in metrics)
     paths = {}
     # The reports under the lock that the rescoring holds: no run writes the folder in between.
     n, cov = rescore_counts(args.dir, metrics, args.lpips_backbone,

@@ -105,6 +105,18 @@ def test_remove_owned_with_a_relative_folder_deletes_its_own_file_once(tmp_path,
     assert owned.remove_owned("o", "o/figures/frontier.png") and not stale.exists()
 
 
+
+@pytest.mark.parametrize("name", ["r", "res", "lea"])
+def test_a_relative_out_folder_whose_name_begins_a_file_name_runs_twice(tmp_path, monkeypatch, name):
+    """--out r: the manifest compares whole path components, so results.sqlite in r is listed as gleak's (a text
+    prefix read it as r/esults.sqlite, and the run refused its own store); a rerun resumes, the leaderboard rebuilds."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t1.toml").write_text(T1)
+    args = ["run", "t1.toml", "--out", name, "--no-progress", "--in-process"]
+    assert cli.main(args) == 0
+    assert {"results.sqlite", "results.csv", "leaderboard.md"} <= set(owned.Manifest.load(name).files)
+    assert cli.main(args) == 0 and cli.main(["leaderboard", name]) == 0
+
 CHDIR = textwrap.dedent('''
     import os
 

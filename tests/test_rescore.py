@@ -93,3 +93,105 @@ def test_rescore_and_the_leaderboard_say_how_many_trials_got_lpips_and_why_not(f
     assert f"PSNR, MSE and SSIM for {n_img} of {n_ok} (the other {n_ok - n_img}: no image reconstructed" in md
     assert f"LPIPS for 0 of {n_ok} ({n_img} with an image but no LPIPS" in md
     assert f"label accuracy for {int(rows['label_acc'].notna().sum())} of {n_ok}" in md
+
+
+def _copy(folder, tmp_path):
+    """A copy of the module's folder that a test may damage."""
+    out = tmp_path / "copy"
+    shutil.copytree(folder, out)
+    (out / ".lock").unlink(missing_ok=True)
+    return out
+
+
+def _edit(out, *statements):
+    """Run SQL on the folder's store and close it (its log folded back into the file)."""
+    db = sqlite3.connect(out / "results.sqlite")
+    try:
+        with db:
+            for sql, args in statements:
+                db.execute(sql, args)
+    finally:
+        db.close()
+
+
+def _swap_two_arrays(out) -> tuple[str, str]:
+    db = sqlite3.connect(out / "results.sqlite")
+    (a, blob_a), (b, blob_b) = db.execute("SELECT trial_id, arrays FROM reconstructions ORDER BY trial_id LIMIT 2").fetchall()
+    db.close()
+    _edit(out, ("UPDATE reconstructions SET arrays = ? WHERE trial_id = ?", (blob_b, a)),
+          ("UPDATE reconstructions SET arrays = ? WHERE trial_id = ?", (blob_a, b)))  # fmt: skip
+    return a, b
+
+
+def test_rescore_refuses_arrays_moved_to_another_trial(folder, tmp_path, gleak_cmd, run_env):
+    """Each stored reconstruction carries its trial's digest (gleak.orchestration.store.arrays_digest): arrays
+    swapped between two trials are refused with one line naming a trial, exit 2, the store unchanged, where they
+    would otherwise be rescored as the other trial's (an exact recovery scored as a poor one, or the reverse)."""
+    out = _copy(folder, tmp_path)
+    a, _ = _swap_two_arrays(out)
+    before = (out / "results.sqlite").read_bytes()
+    r = subprocess.run(gleak_cmd + ["rescore", str(out), "--metrics", "psnr"], env=run_env, capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert a in r.stderr and "digest" in r.stderr
+    assert (out / "results.sqlite").read_bytes() == before
+
+
+def test_plot_draws_the_grid_from_the_store_when_the_pngs_are_gone(folder, tmp_path, gleak_cmd, run_env):
+    """images/ removed (or its files turned into links): `gleak plot` draws each reconstruction again from the
+    store's arrays, the same pixels as the PNG the trial wrote; arrays that are another trial's are not drawn (one
+    line each), and a grid left with nothing to draw keeps the figure drawn before."""
+    import numpy as np
+    from PIL import Image
+
+    out = _copy(folder, tmp_path)
+    grids = sorted((out / "figures").glob("reconstructions_*.png"))
+    assert grids
+    drawn = {p.name: np.asarray(Image.open(p)) for p in grids}
+    for case in ("gone", "links"):
+        if case == "gone":
+            shutil.rmtree(out / "images")
+        else:  # every PNG a link to a white image of the same size
+            shutil.copytree(folder / "images", out / "images")
+            for png in (out / "images").glob("*.png"):
+                white = tmp_path / f"white_{png.name}"
+                Image.fromarray(np.full_like(np.asarray(Image.open(png)), 255)).save(white)
+                png.unlink()
+                png.symlink_to(white)
+        for p in grids:
+            p.unlink()
+        r = subprocess.run(gleak_cmd + ["plot", str(out)], env=run_env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert all(p.is_file() for p in grids), (case, r.stdout, r.stderr)
+        for p in grids:
+            assert np.array_equal(np.asarray(Image.open(p)), drawn[p.name]), (case, p.name)
+    shutil.rmtree(out / "images")
+    db = sqlite3.connect(out / "results.sqlite")
+    rows = db.execute("SELECT trial_id, arrays FROM reconstructions ORDER BY trial_id").fetchall()
+    db.close()
+    _edit(out, *(("UPDATE reconstructions SET arrays = ? WHERE trial_id = ?", (blob, tid))
+                 for (tid, _), (_, blob) in zip(rows, rows[1:] + rows[:1])))  # every stored array moved one trial on
+    kept = {p.name: p.read_bytes() for p in grids}
+    r = subprocess.run(gleak_cmd + ["plot", str(out)], env=run_env, capture_output=True, text=True)
+    assert r.returncode == 0 and "do not match their digest" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in grids} == kept  # nothing drawable: the grids drawn before stay
+
+
+def test_a_store_from_before_the_digest_is_upgraded_once_and_then_checked(folder, tmp_path):
+    """A version-1 store (arrays without digests) opened by this gleak: each array stamped with its trial's digest
+    in one step and the version raised; from then on a swap is found."""
+    from gleak.contracts.errors import InputError
+    from gleak.orchestration.store import SCHEMA_VERSION, Store
+
+    out = _copy(folder, tmp_path)
+    _edit(out, ("ALTER TABLE reconstructions DROP COLUMN digest", ()), ("PRAGMA user_version = 1", ()))
+    store = Store(out, create=False)
+    n = len(store.reconstructions())
+    assert n > 0 and store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    store.close()
+    _swap_two_arrays(out)
+    store = Store(out, create=False)
+    with pytest.raises(InputError, match="digest"):
+        store.reconstructions()
+    skipped = []
+    assert len(store.reconstructions(on_mismatch=skipped.append)) == n - 2 and len(skipped) == 2
+    store.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gleak.orchestration.runner import estimated_costs, longest_first, run_suite
+from gleak.orchestration.store import Store, arrays_digest
 from gleak.orchestration.suite import load_suite
 
 SCALE = """
@@ -147,10 +148,16 @@ def test_trials_stored_under_an_older_id_rule_are_rekeyed_not_recomputed(tmp_pat
             if image:
                 (out / "images" / image).rename(out / "images" / f"{old}.png")
             db.execute("UPDATE trials SET trial_id = ?, image = ? WHERE trial_id = ?", (old, f"{old}.png" if image else None, tid))
+            for (arrays,) in db.execute("SELECT arrays FROM reconstructions WHERE trial_id = ?", (tid,)).fetchall():
+                db.execute("UPDATE reconstructions SET trial_id = ?, digest = ? WHERE trial_id = ?",
+                           (old, arrays_digest(old, arrays), tid))  # fmt: skip
     db.close()
     summary = run_suite(suite, out, workers=1, progress=False)
     assert summary.ran == 0
     assert metrics(out) == reference
+    store = Store(out, create=False)  # the arrays follow their trial to its new id, still bound to it
+    assert len(store.reconstructions()) == N_SCALE // 2
+    store.close()
     db = sqlite3.connect(out / "results.sqlite")
     named = sorted(r[0] for r in db.execute("SELECT trial_id FROM trials WHERE image = trial_id || '.png'"))
     db.close()

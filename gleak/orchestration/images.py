@@ -28,18 +28,23 @@ def image_grid(rows: list[Tensor], scale: int = 4, pad: int = 2) -> np.ndarray:
     return (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
 
 
-def save_reconstruction(truth: Tensor, rec: Tensor, path: str | Path) -> None:
-    """PNG grid: the true batch above, the reconstruction below (matched order is not implied)."""
-    import io
-
-    from PIL import Image
-
+def reconstruction_image(truth: Tensor, rec: Tensor) -> np.ndarray:
+    """The PNG's pixels: the true batch above, the reconstruction below, each reconstruction under the true image
+    it is matched with (matched order is not implied for the rest)."""
     from gleak.mechanics.metrics import match
 
     ti, ri = match(truth, rec)
     order_t = list(ti) + [i for i in range(len(truth)) if i not in set(ti)]
     order_r = list(ri) + [i for i in range(len(rec)) if i not in set(ri)]
-    grid = image_grid([truth[order_t], rec[order_r]], scale=max(1, 96 // truth.shape[-1]))
+    return image_grid([truth[order_t], rec[order_r]], scale=max(1, 96 // truth.shape[-1]))
+
+
+def save_reconstruction(truth: Tensor, rec: Tensor, path: str | Path) -> None:
+    """`reconstruction_image` as a PNG file."""
+    import io
+
+    from PIL import Image
+
     buf = io.BytesIO()
-    Image.fromarray(grid).save(buf, format="PNG")
+    Image.fromarray(reconstruction_image(truth, rec)).save(buf, format="PNG")
     atomic_write_bytes(Path(path), buf.getvalue())

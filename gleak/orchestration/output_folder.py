@@ -157,14 +157,17 @@ class Manifest:
 
 
 def _rel(folder: Path, path: str | Path) -> str | None:
-    p = Path(path)
-    if p.is_absolute() or str(p).startswith(str(folder)):
-        try:
-            p = p.relative_to(folder)
-        except ValueError:
-            return None
-    rel = p.as_posix()
-    return None if rel.startswith("../") or rel == ".." or "/../" in rel else rel
+    """`path` (a path in `folder`: the folder joined with a name, as the caller has it) as the name the manifest
+    lists; None for a path outside the folder. Whole path components are compared, never text: with --out r,
+    results.sqlite is not r/esults.sqlite."""
+    folder, p = Path(folder), Path(path)
+    if p.is_absolute() != folder.is_absolute():
+        folder, p = folder.absolute(), p.absolute()
+    try:
+        rel = p.relative_to(folder).as_posix()
+    except ValueError:
+        return None
+    return None if rel in (".", "..") or rel.startswith("../") or "/../" in rel else rel
 
 
 def adopt(folder: Path) -> Manifest:
@@ -269,8 +272,8 @@ def owns(folder: str | Path, path: str | Path) -> bool:
 def remove_owned(folder: str | Path, path: str | Path) -> bool:
     """Delete `path` if gleak wrote it (per the manifest); a user's file is left alone. Returns whether deleted."""
     rel = _rel(Path(folder), path)
-    if rel is not None and owns(folder, rel):
-        target = Path(folder) / rel  # `path` may name the folder already (a relative folder): joined once
+    if rel is not None and owns(folder, path):
+        target = Path(folder) / rel
         refuse_link(target)
         target.unlink(missing_ok=True)
         return True

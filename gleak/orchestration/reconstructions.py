@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -84,6 +84,35 @@ def _arrays_problem(a: dict[str, np.ndarray]) -> str | None:
     if len(a["truth_y"]) != len(a["truth"]):
         return f"{len(a['truth_y'])} labels for {len(a['truth'])} images"
     return None
+
+
+def stored_images(folder: str | Path, trial_ids: Iterable[str],
+                  on_bad: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+    """trial_id -> its reconstruction PNG's pixels (gleak.orchestration.images.reconstruction_image), drawn again
+    from the arrays in FOLDER's store, for the trials that stored arrays: what `gleak plot` draws where images/
+    lost a trial's PNG. Arrays that are not the trial's or are damaged: InputError naming the trial, or, with
+    on_bad, that line handed to it and the trial left out."""
+    from gleak.orchestration.images import reconstruction_image
+    from gleak.orchestration.store import Store
+
+    if not Store.exists(folder):
+        return {}
+    store = Store.open_existing(folder)
+    try:
+        rows = store.reconstructions(trial_ids, on_bad)
+    finally:
+        store.close()
+    out = {}
+    for trial_id, blob, _ in rows:
+        try:
+            a = unpack(blob, trial_id)
+        except InputError as exc:
+            if on_bad is None:
+                raise
+            on_bad(str(exc))
+            continue
+        out[trial_id] = reconstruction_image(a["truth"], a["rec"])
+    return out
 
 
 def parse_metrics(text: str | None) -> list[str]:
@@ -162,20 +191,28 @@ def coverage_text(n: int, cov: dict[str, tuple[int, str | None]]) -> str:
     return "; ".join(f"{m}: {got} of {n} trials" + (f" ({why})" if why else "") for m, (got, why) in cov.items())
 
 
+def check_stored_arrays(folder: str | Path) -> None:
+    """Every stored reconstruction of FOLDER read and checked (its digest, its arrays): InputError, one line naming
+    the first trial whose arrays are not its own or are damaged."""
+    from gleak.orchestration.store import Store
+
+    if not Store.exists(folder):
+        raise InputError(f"{folder}: no results here (expected results.sqlite; run `gleak run` first)")
+    store = Store(folder, create=False)
+    try:
+        for trial_id, blob, _ in store.reconstructions():
+            unpack(blob, trial_id)
+    finally:
+        store.close()
+
+
 def rescore_counts(folder: str | Path, metrics: list[str], lpips_weights: str | None = None,
                    then=None) -> tuple[int, dict[str, tuple[int, str | None]]]:  # fmt: skip
     """`rescore`, with how many of the rescored trials got each metric and why any did not (`coverage`)."""
     from gleak.orchestration.store import Store, release_lock, take_lock
 
     folder = Path(folder)
-    if not Store.exists(folder):
-        raise InputError(f"{folder}: no results here (expected results.sqlite; run `gleak run` first)")
-    store = Store(folder, create=False)
-    try:  # every array checked before the lock is taken: damaged arrays change nothing, not even the lock's holder
-        for trial_id, blob, _ in store.reconstructions():
-            unpack(blob, trial_id)
-    finally:
-        store.close()
+    check_stored_arrays(folder)  # before the lock is taken: damaged arrays change nothing, not even the lock's holder
     lock = take_lock(folder, "wait for it to finish, then rescore")
     try:
         store = Store(folder)

@@ -341,7 +341,7 @@ def run_suite(
         lock, manifest = _lock(out, force, stack)
         store = Store(out)
         stack.callback(store.close)
-        manifest.add([DB_NAME, LOCK_NAME])
+        manifest.add([Path(out) / DB_NAME, Path(out) / LOCK_NAME])
         manifest.save()  # from here on the folder says it is gleak's
         lock.gleak_keep = True  # the manifest lists the lock file: it stays, so that later runs share one file
         store.clean_partial_files()  # left by a run that was killed while writing an image or a report
@@ -380,7 +380,7 @@ def run_suite(
                          inside if bar_inside else None)  # fmt: skip
         finally:
             writer.close()  # everything finished is committed, also when interrupted
-            manifest.add(f"images/{n}" for n in store.image_names())
+            manifest.add(Path(out) / "images" / n for n in store.image_names())
             manifest.save()
         bar.close()
         store.clean_partial_files()  # a worker killed while writing an image; no worker runs now

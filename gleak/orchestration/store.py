@@ -41,7 +41,9 @@ DONE = ("ok", NOT_APPLICABLE)  # statuses a rerun does not recompute
 STATUSES = (*DONE, "failed")  # every status a trial is stored with
 LOCK_NAME = ".lock"
 APPLICATION_ID = 0x474C4B31  # "GLK1" in SQLite's header: this file is a gleak results store
-SCHEMA_VERSION = 1  # user_version; a newer one is refused (written by a newer gleak)
+# user_version; a newer one is refused (written by a newer gleak). 2: a reconstruction's arrays carry a digest that
+# binds them to their trial (`arrays_digest`); a version-1 store is brought up to 2 when a writer opens it.
+SCHEMA_VERSION = 2
 _IMAGE_NAME = re.compile(r"^[0-9A-Za-z_-]{1,64}\.png$")
 
 # Contract columns of results.csv first (DESIGN.md), then gleak's own.
@@ -65,7 +67,7 @@ CREATE TABLE IF NOT EXISTS trials (
 );
 CREATE TABLE IF NOT EXISTS membership (position INTEGER PRIMARY KEY, trial_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS reconstructions (trial_id TEXT PRIMARY KEY, arrays BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS reconstructions (trial_id TEXT PRIMARY KEY, arrays BLOB NOT NULL, digest TEXT);
 """
 _UTILITY_SCHEMA = """
 CREATE TABLE IF NOT EXISTS utility (
@@ -75,6 +77,14 @@ CREATE TABLE IF NOT EXISTS utility (
 )
 """
 _GLEAK_TABLES = {"trials": {"trial_id", "config", "status"}, "membership": {"trial_id"}, "meta": {"key", "value"}}
+
+
+def arrays_digest(trial_id: str, arrays: bytes) -> str:
+    """The digest stored beside a reconstruction's arrays: SHA-256 of the trial id and the bytes, so that arrays moved
+    to another trial's row (or edited) are told apart from the trial's own when read (`Store.reconstructions`)."""
+    import hashlib
+
+    return hashlib.sha256(trial_id.encode() + b"\0" + arrays).hexdigest()
 
 
 def _read_only(path: Path) -> sqlite3.Connection:
@@ -301,8 +311,22 @@ class Store:
         self.db.execute("PRAGMA synchronous=FULL")
         if self.db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:  # a store from before the id
             self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self.db.executescript(_SCHEMA)
+        if self.db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            self._upgrade()
+
+    def _upgrade(self) -> None:
+        """Bring a store of an earlier version to this one, in one transaction: version 1 kept arrays without a
+        digest, so each is stamped with its trial's now (trusted as stored then, as every row of that version was)."""
+        with self.db:
+            self.db.execute("BEGIN")
+            cols = {r[1] for r in self.db.execute("PRAGMA table_info(reconstructions)")}
+            if "digest" not in cols:
+                self.db.execute("ALTER TABLE reconstructions ADD COLUMN digest TEXT")
+            rows = self.db.execute("SELECT trial_id, arrays FROM reconstructions WHERE digest IS NULL").fetchall()
+            self.db.executemany("UPDATE reconstructions SET digest = ? WHERE trial_id = ?",
+                                [(arrays_digest(t, a), t) for t, a in rows])  # fmt: skip
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @staticmethod
     def exists(folder: str | Path) -> bool:
@@ -378,9 +402,11 @@ class Store:
         with self.db:
             self.db.execute("BEGIN")
             self.db.executemany(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", [list(r.values()) for r in recs])
-            arrays = [(cfg.trial_id, row["reconstruction"]) for cfg, row in finished if row.get("reconstruction")]
+            arrays = [(cfg.trial_id, row["reconstruction"], arrays_digest(cfg.trial_id, row["reconstruction"]))
+                      for cfg, row in finished if row.get("reconstruction")]  # fmt: skip
             if arrays:  # the reconstruction's arrays (gleak.orchestration.reconstructions), in the same transaction as its row
-                self.db.executemany("INSERT OR REPLACE INTO reconstructions VALUES (?, ?)", arrays)
+                self.db.executemany("INSERT OR REPLACE INTO reconstructions (trial_id, arrays, digest) VALUES (?, ?, ?)",
+                                    arrays)  # fmt: skip
 
     def update_scores(self, rows: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
         """`gleak rescore`: new metric values and extra of stored trials, (trial_id, {column: value}, extra), in one
@@ -426,7 +452,12 @@ class Store:
                     (new, cfg.to_json(), _json(cfg.case.to_dict()), new_image, old),
                 )
                 self.db.execute("UPDATE membership SET trial_id = ? WHERE trial_id = ?", (new, old))
-                self.db.execute("UPDATE reconstructions SET trial_id = ? WHERE trial_id = ?", (new, old))
+                for arrays, digest in self.db.execute("SELECT arrays, digest FROM reconstructions WHERE trial_id = ?",
+                                                      (old,)).fetchall():  # fmt: skip
+                    # re-bound to the new id only where they were the old id's: arrays that were not stay refused
+                    ok = digest == arrays_digest(old, arrays)
+                    self.db.execute("UPDATE reconstructions SET trial_id = ?, digest = ? WHERE trial_id = ?",
+                                    (new, arrays_digest(new, arrays) if ok else digest, old))  # fmt: skip
                 taken.add(new)
                 changed.append((old, new))
         for p in stale:
@@ -506,13 +537,35 @@ class Store:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r)) for r in cur.fetchall()]
 
-    def reconstructions(self) -> list[tuple[str, bytes, str | None]]:
-        """(trial_id, arrays, extra JSON) of the current suite's finished trials that stored a reconstruction."""
-        q = ("SELECT t.trial_id, r.arrays, t.extra FROM reconstructions r JOIN trials t ON t.trial_id = r.trial_id "
-             "WHERE t.status = 'ok'")  # fmt: skip
+    def named_image_ids(self) -> set[str]:
+        """The trials whose row names a reconstruction PNG, whether or not that name is usable now (`frame` drops a
+        name whose file is a link): a figure draws those from their stored arrays instead."""
+        return {r[0] for r in self.db.execute("SELECT trial_id FROM trials WHERE image IS NOT NULL")}
+
+    def reconstructions(self, trial_ids: Iterable[str] | None = None,
+                        on_mismatch: Callable[[str], None] | None = None) -> list[tuple[str, bytes, str | None]]:  # fmt: skip
+        """(trial_id, arrays, extra JSON) of the current suite's finished trials that stored a reconstruction (of
+        `trial_ids` only, when given). Arrays whose digest is not their trial's (moved from another trial's row, or
+        edited) are InputError, one line naming the trial; or, with on_mismatch, that line is handed to it and the
+        row left out."""
+        q = ("SELECT t.trial_id, r.arrays, t.extra, r.digest FROM reconstructions r JOIN trials t "
+             "ON t.trial_id = r.trial_id WHERE t.status = 'ok'")  # fmt: skip
         if self.db.execute("SELECT COUNT(*) FROM membership").fetchone()[0]:
             q += " AND t.trial_id IN (SELECT trial_id FROM membership)"
-        return [tuple(r) for r in self.db.execute(q)]
+        wanted = None if trial_ids is None else set(trial_ids)
+        out = []
+        for trial_id, arrays, extra, digest in self.db.execute(q):
+            if wanted is not None and trial_id not in wanted:
+                continue
+            if digest != arrays_digest(trial_id, arrays):
+                line = (f"{self.path}: table reconstructions, trial {trial_id[:40]!r}: its arrays do not match their "
+                        "digest (another trial's, or edited); rerun the trial or restore the store")  # fmt: skip
+                if on_mismatch is None:
+                    raise InputError(line)
+                on_mismatch(line)
+                continue
+            out.append((trial_id, arrays, extra))
+        return out
 
     def close(self) -> None:
         self.db.close()

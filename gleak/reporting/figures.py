@@ -165,15 +165,18 @@ def _wrap(text: str, width: int) -> str:
 MAX_STORED_PIXELS = 1 << 24
 
 
-def _stored_images(cells, image_dir: Path) -> dict:
+def _stored_images(cells, image_dir: Path, from_store=None) -> dict:
     """(row_label, col_label) -> (the trial's stored PNG as an RGB array, its PSNR), for the images that exist and
-    decode as PNGs of at most MAX_STORED_PIXELS pixels; any other is skipped with one line on stderr naming it."""
+    decode as PNGs of at most MAX_STORED_PIXELS pixels; any other is skipped with one line on stderr naming it.
+    from_store(trial_ids) -> {trial_id: RGB array}: the same pixels drawn from the store's arrays, for the trials
+    whose PNG is not a plain file in `image_dir` (images/ gone, or a link there)."""
     from PIL import Image
 
-    images = {}
+    images, lost = {}, []
     for _, c in cells.iterrows():
         f = image_dir / str(c["image"])
-        if not f.is_file():
+        if not f.is_file() or f.is_symlink() or image_dir.is_symlink():
+            lost.append(c)
             continue
         try:
             with Image.open(f) as im:
@@ -183,6 +186,11 @@ def _stored_images(cells, image_dir: Path) -> dict:
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
             print(f"gleak: {f}: skipped ({strip_controls(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__})",
                   file=sys.stderr)  # fmt: skip
+    if lost and from_store is not None and "trial_id" in cells:
+        drawn = from_store([c["trial_id"] for c in lost])
+        for c in lost:
+            if c["trial_id"] in drawn:
+                images[(c["row_label"], c["col_label"])] = (drawn[c["trial_id"]], c["psnr"])
     return images
 
 
@@ -240,13 +248,13 @@ def _table_grid(rows: list[str], cols: list[str], images: dict, cell_w: float, i
 
 
 @plain_text
-def reconstruction_grid(cells, image_dir: Path, path: Path, title: str) -> Path | None:
+def reconstruction_grid(cells, image_dir: Path, path: Path, title: str, from_store=None) -> Path | None:
     """The trials' stored PNGs (truth above the reconstruction) with their PSNR, per defense configuration (rows) and
     attack (columns). With a single attack the defenses wrap into several columns instead of one tall strip.
     `cells`: DataFrame with row_label, col_label, image, psnr, in display order."""
     rows = list(dict.fromkeys(cells["row_label"]))
     cols = list(dict.fromkeys(cells["col_label"]))
-    images = _stored_images(cells, image_dir)
+    images = _stored_images(cells, image_dir, from_store)
     if not images:
         return None
     h, w = next(iter(images.values()))[0].shape[:2]

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from gleak.contracts.errors import InputError
+from gleak.contracts.escaping import strip_controls
 from gleak.mechanics.atomic_files import atomic_write_bytes
 from gleak.orchestration.output_folder import FIGURE_PREFIXES
 from gleak.orchestration.store import CSV_COLUMNS, Store, check_store
@@ -82,7 +84,7 @@ def _load(folder: Path) -> dict[str, Any]:
         return {"df": apply_verdicts(results_frame(store), rule), "utility": utility_frame(store), "rule": rule,
                 "utility_cfg": utility_config(store), "suite": store.get_meta("suite", folder.name),
                 "description": store.get_meta("description", ""),
-                "set_params": store.get_meta("set_params", None) or {}}  # fmt: skip
+                "set_params": store.get_meta("set_params", None) or {}, "imaged": store.named_image_ids()}  # fmt: skip
     finally:
         store.close()
 
@@ -126,14 +128,16 @@ def _slug(text: str) -> str:
 
 
 
-def _grid_figures(df: pd.DataFrame, folder: Path, fig_dir: Path, vd: dict, va: dict, add: Any) -> None:
-    """Reconstruction grids: one per case; rows defense configs (suite order), columns attacks; first seed with an image."""
+def _grid_figures(df: pd.DataFrame, folder: Path, fig_dir: Path, vd: dict, va: dict, add: Any,
+                  imaged: set[str] = frozenset()) -> None:  # fmt: skip
+    """Reconstruction grids: one per case; rows defense configs (suite order), columns attacks; first seed with an
+    image (`imaged`: trials whose stored row names one that is no longer a plain file: drawn from the store)."""
     from gleak.reporting import figures as fg
 
     ok = df.assign(variant=case_variants(df))
     ok = ok[ok["status"] == "ok"]
     for case_key, g in ok.groupby(CASE_KEYS + ["variant"], sort=False):  # a case variant (trained, ...) apart
-        g = g[g["image"].notna()].sort_values("seed", kind="stable")
+        g = g[g["image"].notna() | g["trial_id"].isin(imaged)].sort_values("seed", kind="stable")
         case = f"{case_key[0]}/{case_key[1]}/B={case_key[2]}" + (f" ({case_key[3]})" if case_key[3] else "")
         name = f"reconstructions_{_slug('_'.join(str(k) for k in case_key if k != ''))}.png"
         drawn = None
@@ -142,13 +146,25 @@ def _grid_figures(df: pd.DataFrame, folder: Path, fig_dir: Path, vd: dict, va: d
             cells = pd.DataFrame({
                 "row_label": [defense_label(r["defense"], r["defense_params"], vd) for _, r in first.iterrows()],
                 "col_label": [attack_label(r["attack"], r["attack_params"], va) for _, r in first.iterrows()],
-                "image": first["image"].tolist(), "psnr": first["psnr"].tolist(),
+                "image": first["image"].tolist(), "psnr": first["psnr"].tolist(), "trial_id": first["trial_id"].tolist(),
             })  # fmt: skip
             title = f"Reconstructions, {case}, seed {int(g['seed'].min())}"
-            drawn = fg.reconstruction_grid(cells, folder / "images", fig_dir / name, title)
+            drawn = fg.reconstruction_grid(cells, folder / "images", fig_dir / name, title,
+                                           lambda ids: _from_store(folder, ids))  # fmt: skip
         if drawn is None and (fig_dir / name).is_file():
             drawn = fig_dir / name  # no image to draw from (images/ gone, or not plain files): the grid drawn before stays
         add(drawn, f"Reconstructions per attack (columns) and defense (rows), {data(case)}.")
+
+
+def _from_store(folder: Path, trial_ids: list[str]) -> dict:
+    """The reconstruction PNGs of `trial_ids` drawn again from the store's arrays; arrays that are not their
+    trial's are left out with one line (the panel shows "no image"), never drawn under another trial's name."""
+    from gleak.orchestration.reconstructions import stored_images
+
+    def say(line: str) -> None:
+        print(f"gleak: {strip_controls(line)}; its panel is left empty", file=sys.stderr)
+
+    return stored_images(folder, trial_ids, say)
 
 
 def _worst_per_config(agg: pd.DataFrame, va: dict) -> pd.DataFrame:
@@ -260,7 +276,7 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
         # A plugin's name or parameter may hold control characters (ESC, BEL): matplotlib's missing-glyph warning
         # would print them raw to the terminal. The figure shows a box for each; the warning says nothing more.
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from")
-        _grid_figures(df, folder, fig_dir, vd, va, add)
+        _grid_figures(df, folder, fig_dir, vd, va, add, data.get("imaged", set()))
         _strength_figures(agg, utility, fig_dir, vd, va, add, worst_rouge_per_config(df))
         _frontier_figures(dr, utility, fig_dir, vd, add)
     _remove_stale_figures(folder, fig_dir, written)
@@ -292,7 +308,7 @@ def write_reports(folder: str | Path, suite: str | None = None, description: str
     else:
         from gleak.orchestration.output_folder import remove_owned
 
-        remove_owned(folder, "utility.csv")  # written from the store only: never a stale one (and never a user's)
+        remove_owned(folder, Path(folder) / "utility.csv")  # written from the store only: never a stale one (and never a user's)
     if len(df) == 0:
         return paths
     agg = aggregate(df)
@@ -326,7 +342,7 @@ def write_folder_reports(folder: str | Path, suite: str | None = None, descripti
     owned.claim_results(folder, check_store)  # read-only: a folder gleak may not write gets no lock file either
     with contextlib.nullcontext() if locked else holding_lock(folder):
         m = owned.claim_results(folder, check_store)  # again under the lock: what a run left meanwhile
-        m.add(owned.REPORT_FILES)
+        m.add(folder / name for name in owned.REPORT_FILES)
         m.save()
         paths = write_reports(folder, suite, description)
         owned.record(folder, paths.values())
