@@ -77,7 +77,6 @@ def _parallelism(args: argparse.Namespace) -> int | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     workers = _parallelism(args)  # before any import of torch: a mistyped option is one line at once
-    _check_lpips(args.lpips_backbone)
     from gleak.orchestration.runner import run_suite
     from gleak.orchestration.suite import find_suite, load_suite
     from gleak.reporting.report import write_folder_reports as write_reports
@@ -93,6 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _load_plugins(args.plugin)
     path = find_suite(args.suite)
     suite = load_suite(path)  # validates everything (plugins, parameters, data) before the folder is touched
+    _check_lpips(args.lpips_backbone)  # a bad suite is refused before the weights are fetched (233 MB)
     out = Path(args.out) if args.out else Path("results") / suite.name
 
     def announce(todo: int, stored: int) -> None:  # once the folder is ours (a refused run prints only its error)

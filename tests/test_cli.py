@@ -263,3 +263,20 @@ def _tagged_processes(tag: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_a_bad_suite_is_refused_before_the_lpips_weights_are_fetched(tmp_path, monkeypatch, capsys):
+    """The weights are 233 MB: a suite that cannot run (an unknown attack) is one line before any fetch starts."""
+    from gleak.cli import main
+    from gleak.mechanics import perceptual
+
+    fetched = []
+    monkeypatch.setattr(perceptual, "fetch_weights", lambda say=None: fetched.append(1))
+    monkeypatch.setattr(perceptual, "hub_weights_file", lambda: tmp_path / "absent.pth")
+    monkeypatch.delenv("GLEAK_LPIPS_NO_DOWNLOAD", raising=False)
+    monkeypatch.delenv(perceptual.LPIPS_ENV, raising=False)
+    suite = tmp_path / "bad.toml"
+    suite.write_text('[suite]\nname = "bad"\nseeds = [0]\n[case]\ndataset = "uniform"\nmodel = "linear"\n'
+                     '[[attack]]\nname = "no-such-attack"\n[[defense]]\nname = "none"\n')
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), "--no-progress", "--in-process"]) == 2
+    assert "no-such-attack" in capsys.readouterr().err and fetched == []
