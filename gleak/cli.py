@@ -158,7 +158,8 @@ def _check_lpips(flag: str | None, fetch: bool = True) -> None:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from gleak.orchestration import output_folder as owned
-    from gleak.orchestration.store import check_store, holding_lock
+    from gleak.orchestration.folder_lock import holding_lock
+    from gleak.orchestration.store import check_store
     from gleak.reporting.report import write_figures
 
     owned.claim_results(args.dir, check_store)  # read-only first: a folder gleak may not write gets no lock file
@@ -179,8 +180,9 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     if not args.claims:
         paths = write_reports(args.dir)  # under the folder's lock: refused while a run writes the folder
     else:
+        from gleak.orchestration.folder_lock import holding_lock
         from gleak.orchestration.output_folder import claim_results
-        from gleak.orchestration.store import check_store, holding_lock
+        from gleak.orchestration.store import check_store
 
         claim_results(args.dir, check_store)  # gleak's folder with readable results, before anything in it changes
         with holding_lock(args.dir):

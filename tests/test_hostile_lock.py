@@ -1,13 +1,12 @@
 """The folder's lock: a run holds it until its last report file is written, `gleak leaderboard` / `plot` /
 `rescore` take it (refused with one line while a run writes the folder, the run unharmed), and a refused command
-leaves no `.lock` behind (gleak.orchestration.store.take_lock / release_lock / holding_lock, gleak.orchestration.runner)."""
-from pathlib import Path
+leaves no `.lock` behind (gleak.orchestration.folder_lock.take_lock / release_lock / holding_lock, gleak.orchestration.runner)."""
 
 import pytest
 
 from gleak import cli
-from gleak.orchestration import store
-from gleak.orchestration.store import LOCK_NAME
+from gleak.orchestration import folder_lock as store
+from gleak.orchestration.folder_lock import LOCK_NAME
 from gleak.reporting import report
 from tests.test_hostile_store import T1, tree  # the 2-trial closed-form suite and the folder digest they share
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gleak.contracts.errors import InputError
-from gleak.orchestration.store import LOCK_NAME, check_unlocked, release_lock, take_lock
+from gleak.orchestration.folder_lock import LOCK_NAME, check_unlocked, release_lock, take_lock
 from gleak.reporting.documents.markdown import md_table
 from gleak.reporting.figures import image_grid
 from gleak.reporting.report import render_html

@@ -209,7 +209,8 @@ def check_stored_arrays(folder: str | Path) -> None:
 def rescore_counts(folder: str | Path, metrics: list[str], lpips_weights: str | None = None,
                    then=None) -> tuple[int, dict[str, tuple[int, str | None]]]:  # fmt: skip
     """`rescore`, with how many of the rescored trials got each metric and why any did not (`coverage`)."""
-    from gleak.orchestration.store import Store, release_lock, take_lock
+    from gleak.orchestration.folder_lock import release_lock, take_lock
+    from gleak.orchestration.store import Store
 
     folder = Path(folder)
     check_stored_arrays(folder)  # before the lock is taken: damaged arrays change nothing, not even the lock's holder

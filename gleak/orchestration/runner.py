@@ -25,19 +25,8 @@ from typing import Any, Callable
 
 from gleak.contracts.config import CaseConfig, TrialConfig
 from gleak.contracts.errors import InputError
-from gleak.orchestration.store import (
-    DB_NAME,
-    DONE,
-    LOCK_NAME,
-    NOT_APPLICABLE,
-    CommitThread,
-    Store,
-    check_store,
-    check_unlocked,
-    read_meta,
-    release_lock,
-    take_lock,
-)
+from gleak.orchestration.folder_lock import LOCK_NAME, check_unlocked, release_lock, take_lock
+from gleak.orchestration.store import DB_NAME, DONE, NOT_APPLICABLE, CommitThread, Store, check_store, read_meta
 from gleak.orchestration.suite import Suite
 from gleak.orchestration.workers import Finished, TrialEnv, run_in_process, run_pool
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import pandas as pd
 
-from gleak.contracts.errors import InputError
 from gleak.contracts.escaping import strip_controls
 from gleak.mechanics.atomic_files import atomic_write_bytes
 from gleak.orchestration.output_folder import FIGURE_PREFIXES
@@ -336,7 +335,7 @@ def write_folder_reports(folder: str | Path, suite: str | None = None, descripti
     nothing written, while a run holds it), or already held by the caller (locked=True: the run writing its own
     reports before it lets the folder go)."""
     from gleak.orchestration import output_folder as owned
-    from gleak.orchestration.store import holding_lock
+    from gleak.orchestration.folder_lock import holding_lock
 
     folder = Path(folder)
     owned.claim_results(folder, check_store)  # read-only: a folder gleak may not write gets no lock file either
