@@ -45,7 +45,8 @@ _DATA = ("register_dataset", "list_datasets")
 # What a plugin author writes against, wherever it lives inside gleak: the base classes and the wire's types.
 _PLUGIN_API = {"Attack": "gleak.contracts.plugin", "Defense": "gleak.contracts.plugin",
                "Protocol": "gleak.mechanics.protocol", "Update": "gleak.contracts.wire",
-               "Observation": "gleak.contracts.wire", "Reconstruction": "gleak.contracts.wire"}  # fmt: skip
+               "Observation": "gleak.contracts.wire", "Reconstruction": "gleak.contracts.wire",
+               "get_tags": "gleak.contracts.tags", "Tags": "gleak.contracts.tags"}  # fmt: skip
 
 
 def __getattr__(name: str):  # the API imports pandas and the data module torch: only when asked (the CLI starts fast)

@@ -325,6 +325,7 @@ def show_text(kind: str, name: str) -> str:
     import inspect
 
     from gleak.contracts import registry
+    from gleak.contracts.tags import get_tags
 
     found, info = _plugin_for_show(kind, name)
     obj = info.obj
@@ -348,12 +349,13 @@ def show_text(kind: str, name: str) -> str:
             instance = registry.create(found, info.name)
         except InputError:  # required parameters: read the class
             instance = obj
+        tags = get_tags(instance)
         if found == "attack":
-            needs = sorted(getattr(instance, "needs", ()))
-            lines += ["", f"needs: {', '.join(needs) or 'nothing'}", f"active: {'yes' if getattr(obj, 'active', False) else 'no'}"]
+            needs = sorted(tags.needs)
+            lines += ["", f"needs: {', '.join(needs) or 'nothing'}", f"active: {'yes' if tags.active else 'no'}"]
         else:
-            lines += ["", f"stateful: {'yes' if getattr(obj, 'stateful', False) else 'no'}"]
-        conf = getattr(obj, "conformance_params", None)
+            lines += ["", f"stateful: {'yes' if get_tags(obj).stateful else 'no'}"]
+        conf = tags.fast_params
         if conf:
             lines.append(f"check-plugin runs it with: {', '.join(f'{k}={v!r}' for k, v in conf.items())}")
     doc = (inspect.getdoc(obj) or "").strip()

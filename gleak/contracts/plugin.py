@@ -48,6 +48,7 @@ class Plugin:
     """Shared behaviour: `get_params`, a readable repr, and the registered name."""
 
     registered_name: ClassVar[str] = ""
+    plugin_kind: ClassVar[str] = ""  # "attack", "defense" or "protocol": set by each kind's base class
     # Parameters that keep `gleak check-plugin` fast (for example fewer iterations); merged over the defaults.
     conformance_params: ClassVar[dict[str, Any]] = {}
 
@@ -85,6 +86,7 @@ class Attack(Plugin):
     active: True when the attack modifies the model before the client computes its update (`prepare`).
     """
 
+    plugin_kind: ClassVar[str] = "attack"
     needs: ClassVar[frozenset[str]] = frozenset({"architecture", "parameters"})
     active: ClassVar[bool] = False
 
@@ -154,6 +156,7 @@ class Defense(Plugin):
     client's: see gleak.mechanics.protocol.Protocol.
     """
 
+    plugin_kind: ClassVar[str] = "defense"
     stateful: ClassVar[bool] = False
 
     def reset(self) -> None:

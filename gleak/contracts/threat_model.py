@@ -19,6 +19,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gleak.contracts.tags import Tags
 
 CAPABILITIES = {
     "updates": "observes the model updates on the wire",
@@ -125,17 +129,23 @@ def letters() -> dict[str, tuple[str, tuple[str, ...]]]:
     return dict(_LETTERS)
 
 
+def of_tags(tags: Tags) -> str:
+    """The smallest threat model that grants what an attack's declaration (gleak.contracts.tags.Tags) asks for."""
+    return str(required(tags.needs, tags.active))
+
+
 @lru_cache(maxsize=1024)
 def of_attack(attack: str, params_json: str | None) -> str:
     """The threat model an attack configuration runs under where the suite names none: the smallest that grants
     what it declares (its parameters may add needs: labels = "given"). '' where it cannot be built."""
     from gleak.contracts.registry import create  # the registry imports plugin modules
+    from gleak.contracts.tags import get_tags
 
     try:
         inst = create("attack", attack, **(json.loads(params_json) if params_json else {}))
     except Exception:  # noqa: BLE001 - an attack this gleak no longer builds: its rows name no threat model
         return ""
-    return str(required(inst.needs, inst.active))
+    return of_tags(get_tags(inst))
 
 
 def of_row(attack: str, params_json: str | None, config_json: str | None = None) -> str:

@@ -23,6 +23,7 @@ from torch import nn
 from gleak.contracts.config import derive_seed, generator
 from gleak.contracts.errors import PluginContractError, UnsupportedCase
 from gleak.contracts.plugin import Attack
+from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import WIRE_META, ClientBatch, DefenseDescription, Knowledge, Observation, Update
 from gleak.mechanics.data import ImageDataset
 
@@ -32,7 +33,7 @@ def attacker_knowledge(
 ) -> Knowledge:  # fmt: skip
     """Exactly what the attack's `needs` grant it, and nothing more. `setup` (gleak.mechanics.protocol.Setup): the trial's
     protocol and client defense, described to attacks that need "knows_defense" (names and parameters only)."""
-    needs = attack.needs
+    needs = get_tags(attack).needs
     described = None
     if "knows_defense" in needs and setup is not None:
         from gleak.contracts.registry import resolve_name  # the registry imports plugin modules, which import this one
@@ -59,10 +60,11 @@ def observer_model(attack: Attack, model: nn.Module | None, seed: int) -> nn.Mod
 
     Without "parameters" every value is a guess (`guess_values`): the attacker knows the architecture and its init
     law, never the victim's values."""
-    if model is None or ("architecture" not in attack.needs and "parameters" not in attack.needs):
+    needs = get_tags(attack).needs
+    if model is None or ("architecture" not in needs and "parameters" not in needs):
         return None
     mine = copy.deepcopy(model)
-    if "parameters" not in attack.needs:
+    if "parameters" not in needs:
         guess_values(mine, model, seed)
     return mine
 
@@ -119,7 +121,7 @@ def observation(
 ) -> Observation:  # fmt: skip
     """What the attack receives of one round: the gated view, the gated model and its knowledge (built by
     `attacker_knowledge`), with the earlier rounds' observations (each made here too)."""
-    return Observation(gate_update(view, attack.needs), knowledge, observer_model(attack, held, seed), rounds)
+    return Observation(gate_update(view, get_tags(attack).needs), knowledge, observer_model(attack, held, seed), rounds)
 
 
 def grant(attack: Attack, protocol: Any, attack_name: str, protocol_name: str, threat_model: str | None) -> str:
@@ -128,16 +130,17 @@ def grant(attack: Attack, protocol: Any, attack_name: str, protocol_name: str, t
     what the protocol exposes (a sum over clients exposes no client's labels; the server's say over the clients'
     models: `refuse_unservable`). UnsupportedCase (not applicable, this its reason) where the attack needs more.
     Returns the threat model the trial runs under, as its row names it."""
-    from gleak.contracts.threat_model import CAPABILITIES, missing, parse, required
+    from gleak.contracts.threat_model import CAPABILITIES, missing, of_tags, parse
 
     refuse_unservable(attack, protocol, attack_name, protocol_name)
-    if "labels" in attack.needs and getattr(protocol, "observes_sum", False):
+    tags = get_tags(attack)
+    if "labels" in tags.needs and get_tags(protocol).observes_sum:
         raise UnsupportedCase(f"attack {attack_name!r} needs the victim's labels, which protocol {protocol_name!r} does "
                               "not expose: its observer sees only a sum over clients")  # fmt: skip
     if threat_model is None:
-        return str(required(attack.needs, attack.active))
+        return of_tags(tags)
     model = parse(threat_model)
-    lacking = missing(attack.needs, attack.active, model)
+    lacking = missing(tags.needs, tags.active, model)
     if lacking:
         said = "; ".join(f"{c} ({CAPABILITIES[c]})" for c in lacking)
         raise UnsupportedCase(f"attack {attack_name!r} needs what threat model {model} does not grant: {said}")
@@ -148,11 +151,12 @@ def refuse_unservable(attack: Attack, protocol: Any, attack_name: str, protocol_
     """UnsupportedCase (the trial is not applicable, this its reason) where the attack needs what the protocol does
     not let the server do: send each client its own model ("per_client_models", Protocol.per_client_models), or
     send the clients any model it prepared (an active attack, Protocol.shared_model)."""
-    if "per_client_models" in attack.needs and not protocol.per_client_models:
-        held = f": {protocol.models_held}" if protocol.models_held else ""
+    tags, server = get_tags(attack), get_tags(protocol)
+    if "per_client_models" in tags.needs and not server.per_client_models:
+        held = f": {server.models_held}" if server.models_held else ""
         raise UnsupportedCase(f"attack {attack_name!r} sends each client its own model, which protocol "
                               f"{protocol_name!r} does not let the server choose{held}")  # fmt: skip
-    if attack.active and not protocol.shared_model:
+    if tags.active and not server.shared_model:
         raise UnsupportedCase(f"active attack {attack_name!r} through protocol {protocol_name!r}: its clients never "
                               "compute at the model the server prepares")  # fmt: skip
 
@@ -186,6 +190,6 @@ def served_models(attack: Attack, model: nn.Module, clients: int, knowledge: Kno
     models = attack.prepare_clients(prepared, clients, knowledge, generator(seed, "attack-clients"))
     if not isinstance(models, list) or len(models) != clients or not all(isinstance(m, nn.Module) for m in models):
         raise PluginContractError(f"prepare_clients must return a list of {clients} modules, one per client")
-    if len({id(m) for m in models}) > 1 and "per_client_models" not in attack.needs:
+    if len({id(m) for m in models}) > 1 and "per_client_models" not in get_tags(attack).needs:
         raise PluginContractError('prepare_clients sent clients different models: declare "per_client_models" in needs')
     return models

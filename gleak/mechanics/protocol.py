@@ -148,6 +148,7 @@ class Protocol(Plugin):
     only from the generators passed in.
     """
 
+    plugin_kind: ClassVar[str] = "protocol"
     shared_model: ClassVar[bool] = True
     per_client_models: ClassVar[bool] = True
     models_held: ClassVar[str] = ""

@@ -22,8 +22,9 @@ from torch import nn
 from gleak.contracts.attack_output import baseline_torch_state
 from gleak.contracts.config import TrialConfig, derive_seed, generator
 from gleak.contracts.errors import UnsupportedCase
-from gleak.contracts.plugin import Attack, Defense, transforms_inputs
+from gleak.contracts.plugin import Attack, Defense
 from gleak.contracts.registry import create
+from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import ClientBatch, Observation, Update, replace
 from gleak.mechanics import device as devices
 from gleak.mechanics.accountant import PrivacyAccountant
@@ -135,7 +136,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
         d.bind_accountant(PrivacyAccountant())  # this client's own, stepped by its noisy steps
         d.bind_data(ds.mean, ds.std)  # the clients' normalisation (the victims' split is normalised alike)
     grant(attack, protocol, cfg.attack, setup.protocol, cfg.threat_model)
-    public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in attack.needs else None
+    public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in get_tags(attack).needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public, setup)
 
     # untrained, or trained first (cached); wrapped by the defense where it changes the model (PRECODE's bottleneck)
@@ -187,13 +188,14 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
     models, warm = run_rounds(protocol, defenses, models, cfg.case.warmup_rounds, warm_up_schedule(ds, cfg), cfg.case.warmup_lr)
-    if protocol.shared_model and "label_counts" in attack.needs:  # the active server's first query
+    tags, server = get_tags(attack), get_tags(protocol)
+    if server.shared_model and "label_counts" in tags.needs:  # the active server's first query
         knowledge = replace(knowledge, label_counts=label_query(cfg, protocol, defenses, models[0], batches, knowledge))
-    if "forged_aggregate" in attack.needs:  # one round whose aggregate the adversary forged (outside honest-but-curious)
+    if "forged_aggregate" in tags.needs:  # one round whose aggregate the adversary forged (outside honest-but-curious)
         models = forged_models(attack, protocol, models, knowledge, cfg.seed)
-    if protocol.shared_model:  # the server sends its models; an active attack builds them (new modules)
+    if server.shared_model:  # the server sends its models; an active attack builds them (new modules)
         models = served_models(attack, models[0], len(batches), knowledge, cfg.seed)
-    transforming = transforms_inputs(defenses[0])
+    transforming = get_tags(defenses[0]).transforms_inputs
     kept: list = []
     if transforming:  # the victim's defense keeps the batches it trains on; only the attacked (last) round's count
         defenses[0].kept_batches = kept

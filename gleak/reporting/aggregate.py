@@ -309,14 +309,16 @@ def threat_model_text(name: str, params_js: str, named: str | None = None) -> st
     gleak.contracts.threat_model) with what it needs (gleak.contracts.wire.KNOWLEDGE keys, plus 'active server' for
     an attack that modifies the model it sends): 'B (informed eavesdropper): architecture, parameters'."""
     from gleak.contracts.registry import create
+    from gleak.contracts.tags import get_tags
     from gleak.contracts.threat_model import of_attack, parse
 
     try:
         attack = create("attack", name, **(json.loads(params_js) if isinstance(params_js, str) and params_js else {}))
     except Exception:  # noqa: BLE001 - a plugin that is not loaded now: say nothing rather than guess
         return ""
-    parts = sorted(attack.needs)
-    if getattr(attack, "active", False):
+    tags = get_tags(attack)
+    parts = sorted(tags.needs)
+    if tags.active:
         parts.append("active server")
     needs = ", ".join(p.replace("_", " ") for p in parts) or "nothing"
     tm = named or of_attack(name, params_js)

@@ -11,6 +11,7 @@ from gleak.contracts import registry
 from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed, generator
 from gleak.contracts.errors import PluginContractError, UnsupportedCase
 from gleak.contracts.plugin import Attack
+from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import KNOWLEDGE, Reconstruction
 from gleak.mechanics.defense_output import extra_json
 from gleak.mechanics.gate import attacker_knowledge, forged_models, observation
@@ -24,7 +25,7 @@ from gleak.orchestration.trial import DTYPES, client_update, draw_batches, load_
 def attack_cases(cls: type) -> tuple[CaseConfig, ...]:
     """The standard cases, and for an attack that only applies behind a protocol's wire (its class names one as
     `conformance_protocol = (name, params)`) the first MLP case run through that protocol with two clients."""
-    if getattr(cls, "modality", "image") == "text":
+    if get_tags(cls).modality == "text":
         return TEXT_CASES
     extra = getattr(cls, "conformance_protocol", None)
     if extra is None:
@@ -43,7 +44,7 @@ def _observed_through_protocol(attack: Attack, cfg: TrialConfig, ds: Any, model:
     knowledge = attacker_knowledge(attack, ds, batches[0], public, setup)
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(cfg.seed, "client-models"))
-    if "forged_aggregate" in attack.needs:  # the forged round, as a trial makes it
+    if "forged_aggregate" in get_tags(attack).needs:  # the forged round, as a trial makes it
         models = forged_models(attack, protocol, models, knowledge, cfg.seed)
     _, seen = run_rounds(protocol, defenses, models, protocol.observed_rounds(), observed_schedule(batches, cfg),
                          cfg.case.warmup_lr, step_last=False)  # fmt: skip
@@ -59,7 +60,7 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
     victim = draw_batches(ds, cfg, dtype)[0]
     attack = attack_factory()
     if case.protocol != "fedsgd":
-        public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
+        public = load_case_data(cfg, "test") if "public_data" in get_tags(attack).needs else None
         model = create_model(case.model, ds.input_shape, ds.num_classes, seed=derive_seed(seed, "model"), dtype=dtype)
         victim, obs = _observed_through_protocol(attack, cfg, ds, model, public)
         snap_update = {k: v.clone() for k, v in obs.update.tensors.items()}
@@ -67,14 +68,14 @@ def _run_attack_once(attack_factory: Callable[[], Attack], case: CaseConfig, see
         if not isinstance(rec, Reconstruction):
             raise PluginContractError(f"reconstruct must return a Reconstruction, got {type(rec).__name__}")
         return rec, victim, ds, not _tensors_equal(snap_update, obs.update.tensors), False
-    public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
+    public = load_case_data(cfg, "test") if "public_data" in get_tags(attack).needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public, Setup("fedsgd", {}, "none", {}))
     model = create_model(case.model, ds.input_shape, ds.num_classes, seed=derive_seed(seed, "model"), dtype=dtype)
-    if "label_counts" in attack.needs:  # the server's query round, as a trial makes it (gleak.orchestration.trial)
+    if "label_counts" in get_tags(attack).needs:  # the server's query round, as a trial makes it (gleak.orchestration.trial)
         query = query_model(model, ds.num_classes)
         counts = read_counts(client_update(query, victim, cfg, tag="/query"), query, ds.num_classes, victim.size)
         knowledge = replace(knowledge, label_counts=counts)
-    if "forged_aggregate" in attack.needs:  # the forged round, as a trial makes it
+    if "forged_aggregate" in get_tags(attack).needs:  # the forged round, as a trial makes it
         model = forged_models(attack, registry.create("protocol", "fedsgd"), [model], knowledge, cfg.seed)[0]
     before_model = copy.deepcopy(model.state_dict())
     served = attack.prepare(model, knowledge, generator(seed, "attack-prepare"))
@@ -113,11 +114,11 @@ def _output_check(rec: Any, victim: Any, ds: Any) -> Check:
 def check_attack(name: str, params: dict[str, Any] | None = None) -> list[Check]:
     info = registry.plugin_info("attack", name)
     cls = info.obj
-    fast = {**getattr(cls, "conformance_params", {}), **(params or {})}
+    fast = {**get_tags(cls).fast_params, **(params or {})}
     factory = lambda: registry.create("attack", name, **fast)  # noqa: E731
     checks = _meta_checks("attack", name)
     inst = factory()
-    needs = set(getattr(inst, "needs", set()))
+    needs = set(get_tags(inst).needs)
     unknown = needs - set(KNOWLEDGE)
     checks.append(Check("needs names known knowledge", not unknown, ", ".join(sorted(unknown))))
 
@@ -187,13 +188,13 @@ def model_hook_problem(attack_factory: Callable[[], Attack], case: CaseConfig, c
     setup = trial_setup(case, "none", {})
     protocol = registry.create("protocol", setup.protocol, **setup.protocol_params)
     refuse_unservable(attack, protocol, "the attack", setup.protocol)
-    public = load_case_data(cfg, "test") if "public_data" in attack.needs else None
+    public = load_case_data(cfg, "test") if "public_data" in get_tags(attack).needs else None
     knowledge = attacker_knowledge(attack, ds, batches[0], public, setup)
     model = create_model(case.model, ds.input_shape, ds.num_classes, seed=derive_seed(seed, "model"), dtype=DTYPES[case.dtype])
     protocol.reset()
     models = protocol.client_models(model, len(batches), generator(seed, "client-models"))
     handed = [(models[0], _state(models[0]))]
-    if protocol.shared_model:
+    if get_tags(protocol).shared_model:
         prepared = attack.prepare(models[0], knowledge, generator(seed, "attack-prepare"))
         if not _tensors_equal(handed[0][1], _state(models[0])):
             return "prepare modified the model it was handed (return a new module)"
@@ -201,7 +202,7 @@ def model_hook_problem(attack_factory: Callable[[], Attack], case: CaseConfig, c
         models = attack.prepare_clients(prepared, len(batches), knowledge, generator(seed, "attack-clients"))
         if not _tensors_equal(handed[1][1], _state(prepared)):
             return "prepare_clients modified the prepared model in place (return new modules)"
-        if len({id(m) for m in models}) > 1 and "per_client_models" not in attack.needs:
+        if len({id(m) for m in models}) > 1 and "per_client_models" not in get_tags(attack).needs:
             return 'prepare_clients sends clients different models without "per_client_models" in needs'
     served = handed + [(m, _state(m)) for m in models]
     _, seen = run_rounds(protocol, [registry.create("defense", "none") for _ in batches], models, protocol.observed_rounds(),

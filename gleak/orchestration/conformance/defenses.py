@@ -7,7 +7,8 @@ from typing import Any, Callable
 import torch
 
 from gleak.contracts import registry
-from gleak.contracts.plugin import Defense, transforms_inputs
+from gleak.contracts.plugin import Defense
+from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import Update
 from gleak.mechanics.models import create_model
 from gleak.orchestration.conformance.common import ROUND_HOOKS, Check, _meta_checks, _tensors_equal
@@ -98,7 +99,7 @@ def _declared_inputs_problems(factory: Callable[[], Any]) -> list[str]:
         d.kept_batches = None
     width = x[0].numel()
     rows = torch.cat([t.reshape(-1, width) for t in seen]) if seen else x.new_zeros(0, width)
-    if not transforms_inputs(d):
+    if not get_tags(d).transforms_inputs:
         n = _missing_rows(rows, x.reshape(-1, width))
         return [f"the model saw {n} input rows that are not the client's: a defense that trains on transformed inputs "
                 "must declare it (override Defense.gradient_batch, train through Defense.training_batch)"] if n else []  # fmt: skip
@@ -118,7 +119,7 @@ def _declared_inputs_problems(factory: Callable[[], Any]) -> list[str]:
 
 def check_defense(name: str, params: dict[str, Any] | None = None) -> list[Check]:
     info = registry.plugin_info("defense", name)
-    fast = {**getattr(info.obj, "conformance_params", {}), **(params or {})}
+    fast = {**get_tags(info.obj).fast_params, **(params or {})}
     factory = lambda: registry.create("defense", name, **fast)  # noqa: E731
     checks = _meta_checks("defense", name)
     problems = {"layout and dtype preserved": [], "deterministic under a seed": [], "does not mutate its input": [],

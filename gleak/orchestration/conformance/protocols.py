@@ -8,6 +8,7 @@ import torch
 
 from gleak.contracts import registry
 from gleak.contracts.plugin import Defense
+from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import ClientBatch, Update
 from gleak.mechanics.models import create_model
 from gleak.mechanics.protocol import run_rounds
@@ -152,7 +153,7 @@ class _ProtocolProbe:
 
 def check_protocol(name: str, params: dict[str, Any] | None = None) -> list[Check]:
     info = registry.plugin_info("protocol", name)
-    fast = {**getattr(info.obj, "conformance_params", {}), **(params or {})}
+    fast = {**get_tags(info.obj).fast_params, **(params or {})}
     checks = _meta_checks("protocol", name)
     probe = _ProtocolProbe(name, fast)
     for check, fn in (("client models", probe.models_ok), ("client update well formed", probe.update_ok),
