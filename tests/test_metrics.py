@@ -199,3 +199,23 @@ def test_rouge_is_the_f_measure_of_unigrams_bigrams_and_the_longest_common_subse
     # order matters to ROUGE-2 and ROUGE-L only: the reversed text keeps every unigram
     r = rouge(["a", "b", "c"], ["c", "b", "a"])
     assert (r["rouge1"], r["rouge2"], r["rougeL"]) == pytest.approx((1.0, 0.0, 1 / 3))
+
+
+def test_each_metric_declares_the_direction_its_function_leaks():
+    """The direction every ranking reads (gleak.mechanics.metrics.METRICS) is the function's own: a closer
+    reconstruction moves the value the declared way, on several random batches."""
+    from gleak.mechanics.metrics import METRICS, leakiest_first, metric_of, safest_first
+
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        truth = torch.rand(4, 3, 16, 16, generator=g)
+        near = (truth + 0.02 * torch.randn(truth.shape, generator=g)).clamp(0, 1)
+        far = (truth + 0.3 * torch.randn(truth.shape, generator=g)).clamp(0, 1)
+        for name in ("psnr", "mse", "ssim", "cosine"):
+            fn, higher = METRICS[name].fn, METRICS[name].leaks_higher
+            closer, further = float(fn(truth, near).mean()), float(fn(truth, far).mean())
+            assert (closer > further) == higher, (name, seed)
+    y = torch.tensor([0, 1, 2, 3])
+    assert (METRICS["label_acc"].fn(y, y) > METRICS["label_acc"].fn(y, torch.zeros(4, dtype=torch.long))) == METRICS["label_acc"].leaks_higher
+    assert metric_of("mse_median") is METRICS["mse"] and metric_of("psnr_undefended") is METRICS["psnr"]
+    assert leakiest_first("psnr", "mse_median") == [False, True] and safest_first("psnr", "mse_median") == [True, False]

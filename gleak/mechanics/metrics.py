@@ -22,7 +22,8 @@ Scoring rules (the leaderboard states them):
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -97,6 +98,48 @@ def relative_distance(true: Tensor, sent: Tensor) -> float:
     true, sent = true.double(), sent.double()
     n = float(true.norm())
     return float((true - sent).norm()) / n if n > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric's declaration, as torchmetrics' `higher_is_better`: its function and which way it leaks.
+
+    leaks_higher: True where a higher value means a closer reconstruction (PSNR, SSIM, cosine, label accuracy),
+    False where a lower one does (MSE, LPIPS). Every ranking, worst case and best cell reads it from here."""
+
+    name: str
+    fn: Callable[..., Any]
+    leaks_higher: bool
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("psnr", psnr, True), Metric("mse", mse, False), Metric("ssim", ssim, True), Metric("cosine", cosine, True),
+    Metric("lpips", lpips, False), Metric("label_acc", label_accuracy, True),
+)}  # fmt: skip
+# Aggregate columns are named after their metric: psnr_median, mse_median, psnr_undefended, label_acc_std, ...
+_AGGREGATES = ("_median", "_mean", "_undefended", "_lo", "_hi")
+
+
+def metric_of(column: str) -> Metric:
+    """The metric a results or aggregate column holds (KeyError naming it where none does)."""
+    base = column
+    for suffix in _AGGREGATES:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    if base not in METRICS:
+        raise KeyError(f"{column!r} is not a column of a metric ({', '.join(METRICS)})")
+    return METRICS[base]
+
+
+def leakiest_first(*columns: str) -> list[bool]:
+    """`ascending` for DataFrame.sort_values(columns): the most leaky row first (a worst case, a best attack)."""
+    return [not metric_of(c).leaks_higher for c in columns]
+
+
+def safest_first(*columns: str) -> list[bool]:
+    """`ascending` for DataFrame.sort_values(columns): the least leaky row first (the defense ranking)."""
+    return [metric_of(c).leaks_higher for c in columns]
 
 
 def pairwise_mse(truth: Tensor, rec: Tensor) -> Tensor:

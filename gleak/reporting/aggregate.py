@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gleak.mechanics.metrics import PSNR_CEILING
+from gleak.mechanics.metrics import PSNR_CEILING, leakiest_first, safest_first
 
 from gleak.mechanics.verdicts import VERDICT_ORDER, trial_verdict
 from gleak.mechanics.verdicts import TEXT_VERDICT_RULE
@@ -276,7 +276,7 @@ def defense_ranking(agg: pd.DataFrame, utility: pd.DataFrame | None = None) -> p
         img = g[g["psnr"].notna()]
         row: dict[str, Any] = {"defense": d, "defense_params": dp}
         if len(img):
-            img = img.sort_values(["psnr", "mse_median"], ascending=[False, True], kind="stable")
+            img = img.sort_values(["psnr", "mse_median"], ascending=leakiest_first("psnr", "mse_median"), kind="stable")
             worst = img.iloc[0]
             row.update(worst_attack=worst["attack"], worst_attack_params=worst["attack_params"], worst_case=_case_text(worst),
                        **{k: worst.get(k) for k in _WORST_KEYS})  # fmt: skip
@@ -296,9 +296,10 @@ def defense_ranking(agg: pd.DataFrame, utility: pd.DataFrame | None = None) -> p
         rows.append(row)
     out = pd.DataFrame(rows)
     if "psnr" in out:
-        out = out.sort_values(["psnr", "mse_median"], ascending=[True, False], na_position="last", kind="stable")
+        out = out.sort_values(["psnr", "mse_median"], ascending=safest_first("psnr", "mse_median"), na_position="last",
+                              kind="stable")  # fmt: skip
         out = out.reset_index(drop=True)
-        out.insert(0, "rank", competition_rank(list(out["psnr"]), ascending=True))
+        out.insert(0, "rank", competition_rank(list(out["psnr"]), ascending=safest_first("psnr")[0]))
     else:
         out.insert(0, "rank", range(1, len(out) + 1))
     return out
@@ -356,11 +357,12 @@ def attack_ranking(agg: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.Data
         row["threat_model"] = threat_model_text(a, ap, named[0] if len(named) == 1 else None)
         rows.append(row)
     out = pd.DataFrame(rows)
-    out = out.sort_values(["psnr_undefended", "label_acc_undefended"], ascending=False, na_position="last", kind="stable")
+    out = out.sort_values(["psnr_undefended", "label_acc_undefended"], ascending=leakiest_first("psnr_undefended", "label_acc_undefended"),
+                          na_position="last", kind="stable")  # fmt: skip
     out = out.reset_index(drop=True)
     primary = [p if as_float(p) is not None else (None if as_float(l) is None else -1000 + float(l))
                for p, l in zip(out["psnr_undefended"], out["label_acc_undefended"])]  # fmt: skip
-    out.insert(0, "rank", competition_rank(primary, ascending=False))
+    out.insert(0, "rank", competition_rank(primary, ascending=leakiest_first("psnr")[0]))
     return out
 
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import pandas as pd
 
+from gleak.mechanics.metrics import leakiest_first
 from gleak.reporting.documents.cells import data, params_text
 
 LEAKING = ("partial", "recovered")
@@ -80,7 +81,7 @@ def _strongest(g: pd.DataFrame) -> Any:
     img = g[g["psnr"].notna()]
     if not len(img):
         return None
-    return img.sort_values(["psnr", "mse_median"], ascending=[False, True], kind="stable").iloc[0]
+    return img.sort_values(["psnr", "mse_median"], ascending=leakiest_first("psnr", "mse_median"), kind="stable").iloc[0]
 
 
 def at_setting(claim: dict[str, Any], agg: pd.DataFrame) -> pd.Series:
@@ -271,7 +272,7 @@ def elsewhere_text(j: dict[str, Any], limit: int = 4) -> str:
         return ""
     both = pd.concat([j["here"], there])
     dkeys, akeys = _varying(both, "defense_params"), _varying(both, "attack_params")
-    rows = there[there["psnr"].notna()].sort_values("psnr", ascending=False, kind="stable")
+    rows = there[there["psnr"].notna()].sort_values("psnr", ascending=leakiest_first("psnr")[0], kind="stable")
     out = [f"{_cell_setting(r, dkeys, akeys)}: {r['attack']}{' (aware)' if _is_aware(r['attack_params']) else ''} "
            f"{r['verdict']} at {r['psnr']:.1f} dB" for _, r in rows.head(limit).iterrows()]  # fmt: skip
     more = len(rows) - limit
@@ -291,7 +292,7 @@ def best_image(r: Any, df: pd.DataFrame | None) -> str | None:
     g = g[g["image"].map(lambda v: isinstance(v, str) and bool(v)) & g["psnr"].notna()]
     if not len(g):
         return None
-    return "images/" + str(g.sort_values("psnr", ascending=False, kind="stable").iloc[0]["image"])
+    return "images/" + str(g.sort_values("psnr", ascending=leakiest_first("psnr")[0], kind="stable").iloc[0]["image"])
 
 
 RULES = ("One verdict per claim, judged only on the cells at the claim's own setting (its `setting`; cells of the same "

@@ -20,6 +20,7 @@ import pandas as pd
 
 from gleak.contracts.escaping import strip_controls
 from gleak.mechanics.atomic_files import atomic_write_bytes
+from gleak.mechanics.metrics import leakiest_first
 from gleak.orchestration.output_folder import FIGURE_PREFIXES
 from gleak.orchestration.store import CSV_COLUMNS, Store, check_store
 from gleak.orchestration.utility import utility_config, utility_frame
@@ -169,7 +170,8 @@ def _from_store(folder: Path, trial_ids: list[str]) -> dict:
 def _worst_per_config(agg: pd.DataFrame, va: dict) -> pd.DataFrame:
     """The most leaky case of each (defense config, attack config), with the spread over its seeds (error bars)."""
     order = agg.assign(_p=agg["psnr"].fillna(-math.inf), _l=agg["label_acc"].fillna(-math.inf))
-    order = order.sort_values(["_p", "mse_median", "_l"], ascending=[False, True, False], kind="stable")
+    order = order.sort_values(["_p", "mse_median", "_l"], ascending=leakiest_first("psnr", "mse_median", "label_acc"),
+                              kind="stable")  # fmt: skip (_p, _l: psnr and label_acc with missing values last)
     worst = order.drop_duplicates(["defense", "defense_params", "attack", "attack_params"])
     worst = worst.set_index(["defense", "defense_params", "attack", "attack_params"]).reindex(
         list(dict.fromkeys(zip(agg["defense"], agg["defense_params"], agg["attack"], agg["attack_params"])))).reset_index()
