@@ -262,7 +262,8 @@ def test_rescore_writes_back_what_it_recomputes_into_the_stored_extra(tmp_path):
 def test_the_cgd_engine_is_algorithm_2_on_unequal_sample_blocks(n, rows, cols, secure_sum):
     """Each sample block's gradient enters the sum weighted n_i / n (its share of the data): blocks of unequal size
     tell that apart from 1 / m per block, which equal blocks cannot."""
-    from gleak.defenses.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout, reference_train, step_size
+    from gleak.protocols.cgd_reference import reference_train
+    from gleak.protocols.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout, step_size
 
     g = torch.Generator().manual_seed(n + rows)
     x, y = torch.randn(n, 7, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)

@@ -66,8 +66,9 @@ def test_grids_count_together(tmp_path, monkeypatch):
     assert suite.count_trials({"case": {"batch_size": [1, 2]}, "attack": {"name": "closed-form"},
                                "defense": [{"name": "none"}]}, list(range(30000))) == 60000  # fmt: skip
     calls = []
-    real = suite._grid
-    monkeypatch.setattr(suite, "_grid", lambda spec, where, table, *a: calls.append(table) or real(spec, where, table, *a[:1], [0]))
+    real = suite.expand_grid
+    monkeypatch.setattr(suite, "expand_grid", lambda spec, where, table, name, seeds, *a: calls.append(table)
+                        or real(spec, where, table, name, [0], *a))  # fmt: skip
     with pytest.raises(InputError, match=r"grid #2 \(b\).*120,000 trials"):
         suite.load_suite(tmp_path / "g.toml")
     assert calls == ["grid #1 (a)"]
@@ -199,3 +200,57 @@ def test_a_plugin_whose_init_hangs_is_one_line_naming_it(tmp_path, monkeypatch, 
     monkeypatch.setenv("GLEAK_PLUGIN_INIT_TIMEOUT", "soon")
     with pytest.raises(InputError, match="GLEAK_PLUGIN_INIT_TIMEOUT must be a number of seconds > 0"):
         suite.load_suite(tmp_path / "s.toml")
+
+
+COUNTED = textwrap.dedent('''
+    from gleak import register_attack
+    from gleak.contracts.plugin import Attack
+
+
+    @register_attack("counted")
+    class Counted(Attack):
+        """Test attack that notes each construction."""
+
+        needs = frozenset({"architecture"})
+
+        def __init__(self, k: int = 1):
+            self.k = k
+            with open(BUILT, "a") as fh:
+                fh.write(f"{k}\\n")
+
+        def reconstruct(self, observation, rng):
+            raise RuntimeError("never run")
+''')
+
+
+def test_grids_sharing_the_files_plugins_build_each_configuration_once(tmp_path):
+    """A suite validates each plugin configuration once before its grids expand (gleak.orchestration.suite,
+    `validated`): three grids sharing the file's [[attack]] table build each of its two points once, not three times."""
+    from gleak.contracts.registry import load_plugin_file
+
+    built = tmp_path / "built.txt"
+    plugin = tmp_path / "counted.py"
+    plugin.write_text(COUNTED.replace("BUILT", repr(str(built))))
+    load_plugin_file(plugin)
+    (tmp_path / "s.toml").write_text(textwrap.dedent('''
+        [suite]
+        name = "once"
+        seeds = [0]
+        [case]
+        dataset = "uniform"
+        model = "linear"
+        [[attack]]
+        name = "counted"
+        k = [1, 2]
+        [[defense]]
+        name = "none"
+        [[grid]]
+        case = { batch_size = 1 }
+        [[grid]]
+        case = { batch_size = 2 }
+        [[grid]]
+        case = { batch_size = 3 }
+    '''))
+    s = suite.load_suite(tmp_path / "s.toml")
+    assert len(s.trials) == 6
+    assert sorted(built.read_text().split()) == ["1", "2"]

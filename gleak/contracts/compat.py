@@ -75,6 +75,19 @@ MOVED = {
     "gleak.documents.text": "gleak.reporting.documents.text",
 }
 
+# Modules whose names moved to several homes: old module -> (the names it forwards -> their new module). Each name
+# imports for one release as the moved object itself, with a DeprecationWarning naming its new home; importing the
+# old module alone (plugin discovery walks the folder it was in) is silent.
+_CGD_ENGINE = ("ConfinedMLP", "INIT_LAWS", "InitLaw", "Layout", "PREACT_FRAC_BITS", "Partition", "TrainResult",
+               "VERTICAL_READINGS", "Vertical", "blocks", "init_deltas", "init_unit", "make_layout", "participant_init",
+               "step_size", "train")  # fmt: skip
+SPLIT = {
+    "gleak.defenses.cgd_training": {  # CGD's training engine, moved beside its protocol
+        **{n: "gleak.protocols.cgd_training" for n in _CGD_ENGINE},
+        "reference_train": "gleak.protocols.cgd_reference", "invert_preactivation_wire": "gleak.protocols.cgd_vertical",
+    },
+}  # fmt: skip
+
 # The checkout's top-level plugin folders and the packages they are installed as.
 PLUGIN_FOLDERS = {"attacks": "gleak.attacks", "defenses": "gleak.defenses", "protocols": "gleak.protocols"}
 
@@ -105,8 +118,34 @@ class _Alias(importlib.abc.Loader):
         module.__spec__ = self._spec
 
 
+class _Split(importlib.abc.Loader):
+    """Loads an old module whose names moved to several homes (SPLIT): a module that forwards each name."""
+
+    def __init__(self, homes: dict[str, str]) -> None:
+        self.homes = homes
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None  # the default module; exec_module gives it its names
+
+    def exec_module(self, module: ModuleType) -> None:
+        homes = self.homes
+
+        def forwarded(name: str):
+            if name not in homes:
+                raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+            warnings.warn(f"{module.__name__} is deprecated: import {name} from {homes[name]}", DeprecationWarning,
+                          stacklevel=2)  # fmt: skip
+            return getattr(importlib.import_module(homes[name]), name)
+
+        module.__getattr__ = forwarded  # type: ignore[method-assign]  # PEP 562: only names not set on the module
+        module.__all__ = sorted(homes)
+        module.__doc__ = "Deprecated: " + "; ".join(sorted({f"names moved to {h}" for h in homes.values()}))
+
+
 class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path=None, target=None) -> importlib.machinery.ModuleSpec | None:
+        if name in SPLIT:
+            return importlib.machinery.ModuleSpec(name, _Split(SPLIT[name]))
         if name in MOVED:
             return importlib.machinery.ModuleSpec(name, _Alias(MOVED[name], deprecated=True))
         top, _, rest = name.partition(".")

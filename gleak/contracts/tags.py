@@ -66,7 +66,7 @@ def get_tags(plugin: Any) -> Tags:
     modality = getattr(plugin, "modality", "image")
     return Tags(
         kind=kind,
-        needs=frozenset(getattr(plugin, "needs", frozenset())) if kind == "attack" else frozenset(),
+        needs=frozenset(getattr(plugin, "needs", frozenset())),  # an attack's (other kinds declare none)
         active=bool(getattr(plugin, "active", False)),
         modality=modality if modality in MODALITIES else "image",
         stateful=bool(getattr(plugin, "stateful", False)),

@@ -318,23 +318,7 @@ def run_suite(
 
         check_model_cache()  # once, before any trial trains into it
     with contextlib.ExitStack() as stack:
-        # Read-only checks first (the folder is gleak's or empty, its store is gleak's), then Ray, so that a cluster
-        # that cannot be reached stops the run before the folder is touched, then the lock: a second run on the
-        # folder stops there, having changed nothing.
-        _claim(out, suite, force)
-        ray = None
-        if executor == "ray":
-            from gleak.orchestration.ray_executor import RayExecutor
-
-            ray = stack.enter_context(RayExecutor(address, workers, threads))
-        lock, manifest = _lock(out, force, stack)
-        store = Store(out)
-        stack.callback(store.close)
-        manifest.add([Path(out) / DB_NAME, Path(out) / LOCK_NAME])
-        manifest.save()  # from here on the folder says it is gleak's
-        lock.gleak_keep = True  # the manifest lists the lock file: it stays, so that later runs share one file
-        store.clean_partial_files()  # left by a run that was killed while writing an image or a report
-        store.rekey()  # trials stored before a compatible change of the id rule keep counting as finished
+        ray, store, manifest = _open_folder(out, suite, force, stack, executor, address, workers, threads)
         finished = store.finished_ids()
         todo = [t for t in suite.trials if t.trial_id not in finished]
         if on_start is not None:
@@ -345,32 +329,8 @@ def run_suite(
         env = TrialEnv(lpips_weights, str(Path(out).absolute() / "images") if suite.save_images else None, tuple(plugin_files), threads, device, verbose,
                        bar_inside)  # fmt: skip
         bar = stack.enter_context(contextlib.closing(Progress(len(todo), sum(costs.values()), progress and bool(todo))))
-        failed = ok = not_applicable = 0
-
-        def stored(done: Finished) -> None:
-            nonlocal failed, ok, not_applicable
-            for cfg, row in done:
-                failed += row["status"] not in DONE
-                ok += row["status"] == "ok"
-                not_applicable += row["status"] == NOT_APPLICABLE
-                bar.update(costs[cfg.trial_id], row["status"] in DONE, cfg.trial_id)
-
-        def inside(cfg: TrialConfig, step: int, total: int) -> None:
-            bar.inside(cfg.trial_id, costs[cfg.trial_id], step, total)
-
-        writer = CommitThread(store, stored)
-        try:
-            if ray is not None:
-                ray.run(todo, env, writer.put, costs)
-            elif in_process:
-                run_in_process(todo, env, writer.put, inside if bar_inside else None)
-            else:
-                run_pool(todo, env, workers or 1, writer.put, {t.trial_id: limits[t.trial_id] for t in todo if t.trial_id in limits},
-                         inside if bar_inside else None)  # fmt: skip
-        finally:
-            writer.close()  # everything finished is committed, also when interrupted
-            manifest.add(Path(out) / "images" / n for n in store.image_names())
-            manifest.save()
+        counts = _run_trials(todo, env, costs, {t.trial_id: limits[t.trial_id] for t in todo if t.trial_id in limits},
+                             store, manifest, bar, ray, in_process, workers or 1)  # fmt: skip
         bar.close()
         store.clean_partial_files()  # a worker killed while writing an image; no worker runs now
         _adopt_suite(store, suite)
@@ -380,6 +340,61 @@ def run_suite(
         failed_total = store.failed_members()  # over the whole suite, not only this run's trials
         if reports is not None:  # still under the lock: no `gleak leaderboard` writes the folder while they are written
             reports(out)
-    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo), max(failed, failed_total) + util_failed,
-                      ok, not_applicable)
+    return RunSummary(out, len(suite.trials), len(suite.trials) - len(todo), len(todo),
+                      max(counts["failed"], failed_total) + util_failed, counts["ok"], counts["not_applicable"])  # fmt: skip
+
+
+def _open_folder(out: Path, suite: Suite, force: bool, stack: contextlib.ExitStack, executor: str, address: str | None,
+                 workers: int | None, threads: int) -> tuple[Any, Store, Any]:  # fmt: skip
+    """The run's hold on its folder: read-only checks first (the folder is gleak's or empty, its store is gleak's),
+    then Ray, so that a cluster that cannot be reached stops the run before the folder is touched, then the lock (a
+    second run on the folder stops there, having changed nothing), then the store, listed in the manifest. Returns
+    (the Ray executor or None, the store, the manifest); `stack` closes them."""
+    _claim(out, suite, force)
+    ray = None
+    if executor == "ray":
+        from gleak.orchestration.ray_executor import RayExecutor
+
+        ray = stack.enter_context(RayExecutor(address, workers, threads))
+    lock, manifest = _lock(out, force, stack)
+    store = Store(out)
+    stack.callback(store.close)
+    manifest.add([Path(out) / DB_NAME, Path(out) / LOCK_NAME])
+    manifest.save()  # from here on the folder says it is gleak's
+    lock.gleak_keep = True  # the manifest lists the lock file: it stays, so that later runs share one file
+    store.clean_partial_files()  # left by a run that was killed while writing an image or a report
+    store.rekey()  # trials stored before a compatible change of the id rule keep counting as finished
+    return ray, store, manifest
+
+
+def _run_trials(todo: list[TrialConfig], env: TrialEnv, costs: dict[str, float], limits: dict[str, float],
+                store: Store, manifest: Any, bar: Progress, ray: Any, in_process: bool,
+                workers: int) -> dict[str, int]:  # fmt: skip
+    """Run `todo` on the executor chosen (Ray, this process, or local workers), each result committed as it
+    arrives; the images written are listed in the manifest also when interrupted. Returns the counts by status."""
+    counts = {"failed": 0, "ok": 0, "not_applicable": 0}
+
+    def stored(done: Finished) -> None:
+        for cfg, row in done:
+            counts["failed"] += row["status"] not in DONE
+            counts["ok"] += row["status"] == "ok"
+            counts["not_applicable"] += row["status"] == NOT_APPLICABLE
+            bar.update(costs[cfg.trial_id], row["status"] in DONE, cfg.trial_id)
+
+    def inside(cfg: TrialConfig, step: int, total: int) -> None:
+        bar.inside(cfg.trial_id, costs[cfg.trial_id], step, total)
+
+    writer = CommitThread(store, stored)
+    try:
+        if ray is not None:
+            ray.run(todo, env, writer.put, costs)
+        elif in_process:
+            run_in_process(todo, env, writer.put, inside if env.bar else None)
+        else:
+            run_pool(todo, env, workers, writer.put, limits, inside if env.bar else None)
+    finally:
+        writer.close()  # everything finished is committed, also when interrupted
+        manifest.add(store.folder / "images" / n for n in store.image_names())
+        manifest.save()
+    return counts
 

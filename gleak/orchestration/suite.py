@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import tomllib
 import typing
@@ -217,8 +218,11 @@ def _seeds(value: Any, where: _Where, table: str) -> list[int]:
     raise where.error(table, "seeds", f"must be a non-empty list of integers or a count, got {value!r}")
 
 
-def _plugins(kind: str, entries: Any, where: _Where, table: str) -> list[tuple[str, dict[str, Any]]]:
-    """Validate [[attack]] / [[defense]] entries; return (name, full params) for each grid point."""
+def _plugins(kind: str, entries: Any, where: _Where, table: str,
+             validated: dict[tuple[str, str, str], dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+    """Validate [[attack]] / [[defense]] entries; return (name, full params) for each grid point. `validated`: the
+    points a suite has validated already, (kind, name, params) -> full params: grids sharing the file's tables
+    build each plugin configuration once, not once per grid."""
     if isinstance(entries, dict):
         entries = [entries]
     if not isinstance(entries, list) or not entries:
@@ -245,14 +249,18 @@ def _plugins(kind: str, entries: Any, where: _Where, table: str) -> list[tuple[s
         except ValueError as exc:
             raise where.error(t, str(exc).split(":")[0], str(exc).split(": ", 1)[1]) from None
         for point in grid:
-            try:
-                full = registry.check_params(kind, name, point)
-                _create_in_time(kind, name, point)  # the plugin's own value checks
-            except registry.ParamError as exc:
-                raise where.error(t, exc.key, str(exc)) from None
-            except InputError as exc:
-                raise where.error(t, None, str(exc)) from None
-            out.append((name, full))
+            key = (kind, name, json.dumps(point, sort_keys=True, default=repr))
+            if key not in validated:
+                try:
+                    validated[key] = registry.check_params(kind, name, point)
+                    _create_in_time(kind, name, point)  # the plugin's own value checks
+                except registry.ParamError as exc:
+                    validated.pop(key, None)
+                    raise where.error(t, exc.key, str(exc)) from None
+                except InputError as exc:
+                    validated.pop(key, None)
+                    raise where.error(t, None, str(exc)) from None
+            out.append((name, dict(validated[key])))
     return out
 
 
@@ -404,19 +412,23 @@ def _check_data(cases: list[CaseConfig], where: _Where, table: str) -> None:
             raise where.error(table, "batch_size", f"batch_size x clients = {need} exceeds the {len(ds)} samples of {c.dataset!r}")
 
 
-def expand_grid(spec: dict[str, Any], where: Where, table: str, suite_name: str, seeds: list[int]) -> list[TrialConfig]:
+def expand_grid(spec: dict[str, Any], where: Where, table: str, suite_name: str, seeds: list[int],
+                validated: dict[tuple[str, str, str], dict[str, Any]] | None = None) -> list[TrialConfig]:  # fmt: skip
     """The trials of one grid (`spec`: its case, attack and defense tables) for `seeds`, validated, defaults filled:
-    what a suite's top level or one [[grid]] expands to (gleak.api.run_trial expands its arguments with it too)."""
+    what a suite's top level or one [[grid]] expands to (gleak.api.run_trial expands its arguments with it too).
+    validated: the plugin configurations the suite's other grids validated (`_plugins`), shared between them."""
+    validated = {} if validated is None else validated
     _check_count(count_trials(spec, seeds), where, table)
     cases = _cases(spec.get("case"), where, f"{table}.case" if table != "suite" else "case")
     _check_memory(cases, where, f"{table}.case" if table != "suite" else "case")  # before any data is built
     _check_data(cases, where, f"{table}.case" if table != "suite" else "case")
-    attacks = _plugins("attack", spec.get("attack"), where, "attack" if table == "suite" else table)
-    defenses = _plugins("defense", spec.get("defense"), where, "defense" if table == "suite" else table)
+    attacks = _plugins("attack", spec.get("attack"), where, "attack" if table == "suite" else table, validated)
+    defenses = _plugins("defense", spec.get("defense"), where, "defense" if table == "suite" else table, validated)
     trials = []
     where_d = "defense" if table == "suite" else table
+    protocol_of = {d: registry.plugin_info("defense", d).protocol for d, _ in defenses}  # a defense that is a protocol
     for case, (a, ap), (d, dp), seed in itertools.product(cases, attacks, defenses, seeds):
-        named = registry.plugin_info("defense", d).protocol
+        named = protocol_of[d]
         if named and (case.protocol != "fedsgd" or case.protocol_params):
             raise where.error(where_d, "name", f"defense {d!r} is the protocol {named!r}; the case also names protocol "
                               f"{case.protocol!r}: name the protocol once")  # fmt: skip
@@ -447,7 +459,6 @@ def one_spelling(defense: str, defense_params: dict[str, Any], case: CaseConfig)
     return case.protocol, spelled, dataclasses.replace(case, protocol="fedsgd", protocol_params={})
 
 
-_grid = expand_grid  # the name this module uses
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -470,6 +481,7 @@ def _grid_tables(doc: dict[str, Any], grids: Any, where: _Where, name: str, seed
         raise where.error("grid", None, "must be an array of tables ([[grid]])")
     trials: list[TrialConfig] = []
     counted = 0
+    validated: dict[tuple[str, str, str], dict[str, Any]] = {}  # each plugin configuration built once per suite
     for i, g in enumerate(grids, 1):
         table = f"grid #{i}" + (f" ({g.get('name')})" if isinstance(g, dict) and g.get("name") else "")
         if not isinstance(g, dict):
@@ -489,7 +501,7 @@ def _grid_tables(doc: dict[str, Any], grids: Any, where: _Where, name: str, seed
         grid_seeds = _seeds(g["seeds"], where, table) if "seeds" in g else seeds
         counted += count_trials(merged, grid_seeds)
         _check_count(counted, where, table)  # all the grids so far, before this one expands
-        trials += _grid(merged, where, table, name, grid_seeds)
+        trials += expand_grid(merged, where, table, name, grid_seeds, validated)
     return trials
 
 
@@ -558,7 +570,7 @@ def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Sui
     grids = doc.get("grid")
     trials: list[TrialConfig] = []
     if grids is None:
-        trials = _grid(doc, where, "suite", name, seeds)
+        trials = expand_grid(doc, where, "suite", name, seeds)
     else:
         trials = _grid_tables(doc, grids, where, name, seeds)
     unique: dict[str, TrialConfig] = {}
