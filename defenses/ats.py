@@ -3,16 +3,15 @@ authors' code gaow0007/ATSPrivacy): the client trains on its batch transformed b
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gleak.contracts.errors import UnsupportedCase
-from gleak.contracts.plugin import Defense, check_choice
+from gleak.contracts.plugin import Defense, batch_gradient, check_choice
 from gleak.contracts.registry import register_defense
-from gleak.mechanics.protocol import batch_gradient
 
 # The authors' augmentation list (ATSPrivacy policy.py): index -> (operation, magnitude index 0..9). A policy such as
 # "3-1-7" applies entries 3, 1 and 7 in that order; each entry's probability in their list is never used (their

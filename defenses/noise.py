@@ -9,11 +9,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gleak.contracts.plugin import Defense, check_choice
+from gleak.contracts.plugin import Defense, check_choice, loss_fn, trainable
 from gleak.contracts.registry import register_defense
 from gleak.contracts.wire import Update
 from gleak.mechanics.accountant import PrivacyAccountant
-from gleak.mechanics.protocol import loss_fn, trainable
 
 
 def sample_noise(shape: torch.Size, scale: float, distribution: str, rng: torch.Generator, dtype: torch.dtype) -> Tensor:

@@ -13,9 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gleak.contracts.plugin import Defense, check_choice
+from gleak.contracts.plugin import Defense, batch_gradient, check_choice, trainable
 from gleak.contracts.registry import register_defense
-from gleak.mechanics.protocol import batch_gradient, trainable
 
 
 def perturb_probability(iteration: int, beta: float) -> float:

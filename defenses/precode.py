@@ -9,10 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gleak.contracts.plugin import Defense
+from gleak.contracts.plugin import Defense, loss_fn, trainable
 from gleak.contracts.registry import register_defense
 from gleak.mechanics.models import last_linear
-from gleak.mechanics.protocol import loss_fn, trainable
 
 
 def _uniform_init(layer: nn.Linear, rng: torch.Generator) -> None:

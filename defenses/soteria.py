@@ -6,10 +6,9 @@ import torch
 from torch import Tensor, nn
 
 from gleak.contracts.errors import UnsupportedCase
-from gleak.contracts.plugin import Defense
+from gleak.contracts.plugin import Defense, loss_fn, trainable
 from gleak.contracts.registry import register_defense
 from gleak.mechanics.models import last_linear
-from gleak.mechanics.protocol import loss_fn, trainable
 
 
 def feature_scores(r: Tensor, x: Tensor, offset: float, chunk: int = 64) -> Tensor:

@@ -1,5 +1,5 @@
 """Confined Gradient Descent (Zhang, Bai, Li, Nepal and Ko: "Confined Gradient Descent: Privacy-preserving Optimization for Federated
-Learning"), a Protocol: in attack trials its rounds run through gleak.mechanics.protocol.run_rounds, in utility runs it trains
+Learning"), a Protocol: in attack trials its rounds run through gleak.mechanics.rounds.run_rounds, in utility runs it trains
 with the vectorised engine (protocols/cgd_training.py), the fast path of the same rounds.
 
 Attack trials (gleak.orchestration.trial): the case's clients are the m participants (the victim is client 0), each holding its
@@ -69,6 +69,9 @@ import time
 from typing import Any, Literal
 
 import torch
+from gleak.protocols.cgd_training import INIT_LAWS, VERTICAL_READINGS, Partition, blocks, init_unit, step_size, train
+from gleak.protocols.cgd_utility import centralized, features, mlp_sizes, subset, train_per_participant
+from gleak.protocols.cgd_vertical import VerticalBlock, block_update, draw_block, step_block, zero_block
 from torch import nn
 
 from gleak.contracts.config import derive_seed
@@ -76,12 +79,10 @@ from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.plugin import Defense, check_choice
 from gleak.contracts.registry import register_protocol
 from gleak.contracts.wire import ClientBatch, Update
+from gleak.mechanics.client_update import shift_each, shifted
 from gleak.mechanics.models import first_linear
-from gleak.mechanics.protocol import Protocol, shift_each, shifted
+from gleak.mechanics.protocol import Protocol
 from gleak.mechanics.secret_sharing import FixedPoint, secure_sum, sum_encoded
-from gleak.protocols.cgd_training import INIT_LAWS, VERTICAL_READINGS, Partition, blocks, init_unit, step_size, train
-from gleak.protocols.cgd_utility import centralized, features, mlp_sizes, subset, train_per_participant
-from gleak.protocols.cgd_vertical import VerticalBlock, block_update, draw_block, step_block, zero_block
 
 # The share protocol costs parties^2 ring elements per coordinate; beyond this many in all, the bit-identical sum
 # of encodings is used instead (gleak.mechanics.secret_sharing.sum_encoded).

@@ -9,6 +9,8 @@ import time
 from typing import Any
 
 import torch
+from gleak.protocols.cgd_training import Partition, blocks, init_deltas, participant_init, train
+from gleak.protocols.cgd_vertical import VerticalBlock, initial_blocks
 from torch import nn
 
 from gleak.contracts.config import derive_seed
@@ -16,9 +18,7 @@ from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.wire import ClientBatch
 from gleak.mechanics.accountant import PrivacyAccountant
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import Schedule, run_rounds
-from gleak.protocols.cgd_training import Partition, blocks, init_deltas, participant_init, train
-from gleak.protocols.cgd_vertical import VerticalBlock, initial_blocks
+from gleak.mechanics.rounds import Schedule, run_rounds
 
 _CENTRAL_CACHE: dict[str, Any] = {}
 

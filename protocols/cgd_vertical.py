@@ -2,7 +2,7 @@
 
 A sample block i of a (rows x cols) partition is cols participants (i, j), each holding feature block j of the
 block's samples, its own first-layer block W^(i,j), b^(i,j) and its own upper layers (the readings
-below). In gleak's round loop (gleak.mechanics.protocol.run_rounds) the block is one client: its model
+below). In gleak's round loop (gleak.mechanics.rounds.run_rounds) the block is one client: its model
 is a `VerticalBlock` and its update (`block_update`) is the block's share of every secure sum, laid out as the plain
 MLP's gradient:
 
@@ -53,12 +53,12 @@ import copy
 
 import torch
 import torch.nn.functional as F
+from gleak.protocols.cgd_training import PREACT_FRAC_BITS, blocks, init_unit, participant_init
 from torch import Tensor, nn
 
 from gleak.contracts.wire import ClientBatch, Update
 from gleak.mechanics.models import create_model, first_linear
 from gleak.mechanics.secret_sharing import FixedPoint
-from gleak.protocols.cgd_training import PREACT_FRAC_BITS, blocks, init_unit, participant_init
 
 
 class VerticalBlock(nn.Module):

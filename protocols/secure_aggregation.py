@@ -8,7 +8,8 @@ from torch import nn
 from gleak.contracts.plugin import Defense
 from gleak.contracts.registry import register_protocol
 from gleak.contracts.wire import ClientBatch, Update
-from gleak.mechanics.protocol import Protocol, check_local_steps, fedavg_update, fedsgd_update
+from gleak.mechanics.client_update import check_local_steps, fedavg_update, fedsgd_update
+from gleak.mechanics.protocol import Protocol
 
 
 # Its defense spelling had no parameters: FedAvg's settings stay out of those trials' ids.

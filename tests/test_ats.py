@@ -3,12 +3,12 @@ gradient of the transformed batch."""
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageEnhance, ImageFilter, ImageOps
+from gleak.defenses.ats import ATS, RANGES, TRANSFORMS, apply_op, parse_policy, transform_images
+from PIL import Image, ImageEnhance, ImageOps
 
 import gleak
-from gleak.defenses.ats import ATS, RANGES, TRANSFORMS, apply_op, parse_policy, transform_images
+from gleak.contracts.plugin import batch_gradient
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import batch_gradient
 
 
 def _image(seed: int, size: int = 16, channels: int = 3) -> np.ndarray:

@@ -7,15 +7,15 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from gleak.attacks._lbfgs import BatchedLBFGS
 from torch import nn
 
 import gleak
-from gleak.attacks._lbfgs import BatchedLBFGS
 from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed
-from gleak.contracts.wire import ClientBatch, Knowledge, Observation, Update
+from gleak.contracts.wire import ClientBatch, Knowledge, Observation
+from gleak.mechanics.client_update import fedsgd_update
 from gleak.mechanics.data import load_dataset
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import fedsgd_update
 
 F64 = torch.float64
 
@@ -288,6 +288,7 @@ def test_the_bn_prior_reads_the_running_statistics_of_the_trained_model(tmp_path
     """A trained ResNet-20 case: the BN targets GradInversion uses are the pretrained model's running statistics
     (not the fresh model's zeros and ones, not the victim batch's statistics)."""
     from gleak.attacks import gradinversion as gi
+
     from gleak.mechanics import pretrain
     from gleak.orchestration.trial import execute
 

@@ -227,7 +227,7 @@ def test_utility_runs_train_on_dirichlet_shards_when_asked(tmp_path, utility_sui
     cfg = load_suite(tmp_path / "s.toml").utility
     assert cfg.dirichlet_alpha == 0.1
     seen = []
-    real = data.client_shards  # the training loop (gleak.mechanics.protocol.federated_training) deals the shards from here
+    real = data.client_shards  # the training loop (gleak.mechanics.rounds.federated_training) deals the shards from here
 
     def spy(labels, clients, gen, alpha=None, min_size=1):
         shards = real(labels, clients, gen, alpha, min_size)

@@ -7,10 +7,11 @@ import torch
 
 import gleak
 from gleak.contracts.config import CaseConfig, TrialConfig, UtilityConfig
+from gleak.contracts.plugin import batch_gradient, loss_fn, trainable
 from gleak.contracts.registry import ParamError, check_params
 from gleak.contracts.wire import ClientBatch
+from gleak.mechanics.client_update import fedsgd_update
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import batch_gradient, fedsgd_update, loss_fn, trainable
 from gleak.orchestration.trial import run_trial
 from gleak.orchestration.utility import accounting, load_utility_data, run_utility
 
@@ -63,7 +64,7 @@ def test_the_dp_hook_runs_inside_fedsgd_and_every_fedavg_step():
     d = gleak.create("defense", "noise", mode="dp", clip=1e-4, noise_multiplier=0.0)
     u = fedsgd_update(model, batch, d, torch.Generator().manual_seed(0))
     assert float(u.flat().norm()) <= 1e-4 * (1 + 1e-5)  # the mean of clipped gradients
-    from gleak.mechanics.protocol import fedavg_update
+    from gleak.mechanics.client_update import fedavg_update
 
     delta = fedavg_update(model, batch, lr=1.0, local_steps=3, local_batch_size=2, defense=d, rng=torch.Generator().manual_seed(0))
     assert float(delta.flat().norm()) <= 3 * 1e-4 * (1 + 1e-5)  # three clipped steps at lr 1

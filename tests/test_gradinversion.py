@@ -5,15 +5,15 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from gleak.attacks.gradinversion import BNStatistics, GradInversion
+from gleak.attacks.idlg import recover_labels
 from torch import nn
 
 import gleak
-from gleak.attacks.gradinversion import BNStatistics, GradInversion
-from gleak.attacks.idlg import recover_labels
+from gleak.contracts.plugin import batch_gradient
 from gleak.contracts.wire import ClientBatch, Knowledge, Observation, Update, denormalize
 from gleak.mechanics.data import load_dataset
 from gleak.mechanics.metrics import score
-from gleak.mechanics.protocol import batch_gradient
 
 RES, BATCH = 8, 8
 

@@ -1,14 +1,14 @@
 """Robbing the Fed's imprint attack: exact recovery of every sample alone in its bin, and what defenses do to it."""
 import pytest
 import torch
+from gleak.attacks.imprint import ENCODER
 
 import gleak
-from gleak.attacks.imprint import ENCODER
 from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed, generator
 from gleak.contracts.wire import ClientBatch, Knowledge, Observation, Update
+from gleak.mechanics.client_update import fedsgd_update
 from gleak.mechanics.metrics import psnr
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import fedsgd_update
 from gleak.orchestration.trial import attacker_knowledge, draw_batches, execute, load_case_data
 
 B32 = CaseConfig(dataset="skimage", model="mlp", batch_size=32)

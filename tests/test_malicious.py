@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 import torch
+from gleak.attacks.fishing import target_class
 
 import gleak
-from gleak.attacks.fishing import target_class
 from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed, generator
+from gleak.contracts.plugin import batch_gradient
 from gleak.contracts.wire import Knowledge
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import batch_gradient
 from gleak.orchestration.conformance import check_plugin
 from gleak.orchestration.trial import attacker_knowledge, draw_batches, execute, load_case_data, run_trial
 
@@ -79,9 +79,9 @@ def test_fishing_through_a_secure_sum_fishes_a_class_of_the_sum_and_finds_the_vi
 
 
 def test_the_label_query_reads_the_label_counts_of_a_sum_exactly():
-    from gleak.mechanics.label_query import query_model, read_counts
-    from gleak.mechanics.protocol import fedsgd_update
     from gleak.contracts.wire import Update
+    from gleak.mechanics.client_update import fedsgd_update
+    from gleak.mechanics.label_query import query_model, read_counts
 
     cfg = TrialConfig("t", "x", {}, "none", {}, _case(8, 3), 0)
     ds = load_case_data(cfg)
@@ -162,7 +162,7 @@ def test_closed_form_agreement_names_what_it_finds_when_fewer_rows_differ_than_s
     """Rows of fewer distinct inputs than the update's count (here one image four times): the closed form's
     agreement rule names the groups it has instead of ending in an error."""
     from gleak.contracts.wire import ClientBatch, Observation
-    from gleak.mechanics.protocol import fedsgd_update
+    from gleak.mechanics.client_update import fedsgd_update
 
     ds = load_case_data(TrialConfig("t", "x", {}, "none", {}, _case(1, 1), 0))
     for seed in (0, 1):

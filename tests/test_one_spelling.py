@@ -48,7 +48,7 @@ def test_a_protocol_without_a_defense_spelling_keeps_the_case_spelling(tmp_path)
 def test_the_one_spelling_runs_what_the_case_spelling_ran(tmp_path):
     from gleak.contracts.config import CaseConfig
     from gleak.contracts.registry import check_params
-    from gleak.mechanics.protocol import trial_setup
+    from gleak.mechanics.protocol_setup import trial_setup
 
     (t, _) = _trials(tmp_path, 'protocol = "cgd"\nprotocol_params = { colluders = 1 }', 'name = "none"')
     as_written = CaseConfig(protocol="cgd", protocol_params=check_params("protocol", "cgd", {"colluders": 1}))

@@ -4,15 +4,15 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-
-import gleak
 from gleak.attacks._gradmatch import observed_gradient
 from gleak.attacks.inverting_gradients import milestones, total_variation
-from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed, generator
+
+import gleak
+from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed
 from gleak.contracts.wire import ClientBatch, Knowledge, Observation
+from gleak.mechanics.client_update import fedavg_update, fedsgd_update
 from gleak.mechanics.data import load_dataset
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import fedavg_update, fedsgd_update
 from gleak.orchestration.trial import execute
 
 LENET16 = CaseConfig(dataset="skimage", model="lenet", resolution=16)

@@ -4,15 +4,14 @@ import math
 
 import pytest
 import torch
+from gleak.defenses.precode import Precode, VariationalBottleneck, bottlenecks
 
 import gleak
 from gleak.contracts.config import CaseConfig, TrialConfig, UtilityConfig
 from gleak.contracts.plugin import Attack
 from gleak.contracts.wire import Reconstruction
-from gleak.defenses.precode import Precode, VariationalBottleneck, bottlenecks
 from gleak.mechanics.data import ImageDataset
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import batch_gradient
 from gleak.orchestration.trial import execute
 from gleak.orchestration.utility import federated_training
 

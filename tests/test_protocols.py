@@ -15,7 +15,7 @@ from gleak.contracts.config import CaseConfig, TrialConfig, UtilityConfig
 from gleak.contracts.plugin import Attack
 from gleak.contracts.wire import Reconstruction
 from gleak.mechanics.data import ImageDataset
-from gleak.mechanics.protocol import trial_setup
+from gleak.mechanics.protocol_setup import trial_setup
 from gleak.orchestration.trial import execute, run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,9 +222,10 @@ def _image_ds(n, seed):
 def _rounds_and_engine(partition: str, secure_sum: str):
     """The same CGD utility run twice, on a toy set: through run_rounds (train_per_participant's models) and by the
     vectorised engine stepped as the plugin steps it. Returns (the rounds' models, the engine, the partition)."""
-    from gleak.contracts.config import derive_seed
     from gleak.protocols.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout, step_size
     from gleak.protocols.cgd_utility import subset, train_per_participant
+
+    from gleak.contracts.config import derive_seed
 
     train_ds = _image_ds(30, 0)
     cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [5]}, training_rounds=4, server_lr=0.5, seed=3)
@@ -392,7 +393,7 @@ def test_a_clients_forward_leaves_the_servers_and_the_observers_batchnorm_statis
     # Were it the shared module, the observer's copy would hold a share of the victim batch's statistics (which
     # GradInversion's BN prior reads) and the next client would compute at a model the server never sent.
     from gleak.contracts.wire import ClientBatch
-    from gleak.mechanics.protocol import Schedule, run_rounds
+    from gleak.mechanics.rounds import Schedule, run_rounds
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),

@@ -8,9 +8,9 @@ from torch import nn
 import gleak
 from gleak.contracts.config import CaseConfig, TrialConfig
 from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.plugin import batch_gradient
 from gleak.contracts.wire import Knowledge, Observation, Update
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import batch_gradient
 from gleak.orchestration.trial import execute
 
 SEEDS = (0, 1, 2)

@@ -145,9 +145,9 @@ def test_in_place_defense_was_recorded_wrongly_without_the_guard(tmp_path, monke
     cfg = load_suite(tmp_path / "s.toml").trials[0]
     row = trial.run_trial(cfg)
     assert row["status"] == "failed" and "in place" in row["error"]
-    from gleak.mechanics import protocol
+    from gleak.mechanics import rounds
 
-    monkeypatch.setattr(protocol, "unmodified", lambda send, d, u, *a: send(d, u, *a))
+    monkeypatch.setattr(rounds, "unmodified", lambda send, d, u, *a: send(d, u, *a))
     row = trial.run_trial(cfg)
     assert row["status"] == "ok" and row["grad_dist"] == 0.0  # the wrong number the guard prevents
 

@@ -9,7 +9,7 @@ from gleak.contracts.config import CaseConfig, TrialConfig
 from gleak.contracts.plugin import Attack, Defense
 from gleak.contracts.registry import register_attack, register_defense
 from gleak.contracts.wire import Reconstruction, Update
-from gleak.mechanics.protocol import server_step
+from gleak.mechanics.client_update import server_step
 from gleak.orchestration.trial import execute
 
 CALLS: list[tuple[str, int]] = []
@@ -145,7 +145,7 @@ def test_server_step_applies_the_mean_of_what_was_sent():
 
 
 def test_error_feedback_reaches_the_attacked_round():
-    from gleak.mechanics.protocol import fedsgd_update
+    from gleak.mechanics.client_update import fedsgd_update
     from gleak.orchestration.trial import draw_batches, load_case_data
 
     case = CaseConfig(dataset="skimage", model="mlp", resolution=8, batch_size=1, warmup_rounds=3, local_lr=0.01)

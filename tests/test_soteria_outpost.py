@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 import torch
-
-import gleak
 from gleak.defenses.outpost import layer_risk
 from gleak.defenses.soteria import Soteria
+
+import gleak
+from gleak.contracts.plugin import batch_gradient
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import batch_gradient
 
 
 def _mlp(seed, hidden=24, dtype=torch.float64, activation="relu"):

@@ -5,11 +5,11 @@ import textwrap
 
 import pytest
 import torch
+from gleak.defenses.ats import ATS, crop_flip, crop_padding
 
 import gleak
 from gleak.contracts.config import generator
 from gleak.contracts.wire import ClientBatch
-from gleak.defenses.ats import ATS, crop_flip, crop_padding
 from gleak.orchestration.conformance import check_plugin
 from gleak.orchestration.reconstructions import rescore_rows, unpack
 from gleak.orchestration.trial import sent_batch
@@ -96,7 +96,7 @@ def test_crop_flip_is_torchvisions_random_crop_and_flip():
 BAD = '''
 from gleak import register_defense
 from gleak.contracts.plugin import Defense
-from gleak.mechanics.protocol import batch_gradient
+from gleak.contracts.plugin import batch_gradient
 
 
 @register_defense("test-undeclared-flip")

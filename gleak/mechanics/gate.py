@@ -31,7 +31,7 @@ from gleak.mechanics.data import ImageDataset
 def attacker_knowledge(
     attack: Attack, ds: ImageDataset, victim: ClientBatch, public: ImageDataset | None, setup: Any = None,
 ) -> Knowledge:  # fmt: skip
-    """Exactly what the attack's `needs` grant it, and nothing more. `setup` (gleak.mechanics.protocol.Setup): the trial's
+    """Exactly what the attack's `needs` grant it, and nothing more. `setup` (gleak.mechanics.protocol_setup.Setup): the trial's
     protocol and client defense, described to attacks that need "knows_defense" (names and parameters only)."""
     needs = get_tags(attack).needs
     described = None

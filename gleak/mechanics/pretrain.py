@@ -31,10 +31,9 @@ from torch import nn
 
 from gleak.contracts.config import CaseConfig, derive_seed, generator
 from gleak.contracts.errors import InputError
-from gleak.contracts.plugin import Defense
+from gleak.contracts.plugin import Defense, loss_fn, trainable
 from gleak.mechanics.data import ImageDataset
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import loss_fn, trainable
 
 # Bump when training changes, so that cached weights of the old procedure are not reused.
 PRETRAIN_FORMAT = 1

@@ -1,6 +1,6 @@
 """One trial, end to end. This file is the whole flow of the benchmark, one way:
 
-    suite -> trial config -> case (data, model, seed) -> protocol and client defense (gleak.mechanics.protocol.trial_setup)
+    suite -> trial config -> case (data, model, seed) -> protocol and client defense (gleak.mechanics.protocol_setup.trial_setup)
     -> warm-up rounds (case.warmup_rounds, run_rounds) -> [a label query round; a forged aggregate's round, where
     the attack needs them] -> attack.prepare, prepare_clients (gleak.mechanics.gate.served_models: active
     attacks build the models the server sends, one per client where the protocol lets it)
@@ -28,17 +28,25 @@ from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import ClientBatch, Observation, Update, replace
 from gleak.mechanics import device as devices
 from gleak.mechanics.accountant import PrivacyAccountant
+from gleak.mechanics.client_update import fedavg_update, fedsgd_update
 from gleak.mechanics.data import ImageDataset, sample_indices
 from gleak.mechanics.defense_output import extra_json
 from gleak.mechanics.gate import (  # noqa: F401 - observer_model: public here
-    attacker_knowledge, forged_models, grant, observation, observer_model, served_models,
+    attacker_knowledge,
+    forged_models,
+    grant,
+    observation,
+    observer_model,
+    served_models,
 )
 from gleak.mechanics.label_query import query_model, read_counts
 from gleak.mechanics.metrics import relative_distance
 from gleak.mechanics.modality import modality_of
 from gleak.mechanics.pretrain import build_model
 from gleak.mechanics.progress import reporting
-from gleak.mechanics.protocol import Protocol, Schedule, fedavg_update, fedsgd_update, run_rounds, trial_setup
+from gleak.mechanics.protocol import Protocol
+from gleak.mechanics.protocol_setup import trial_setup
+from gleak.mechanics.rounds import Schedule, run_rounds
 from gleak.orchestration.store import NOT_APPLICABLE
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}

@@ -11,8 +11,8 @@ The loop (`federated_training`, in gleak.mechanics.protocol: the Protocol's defa
 round every client draws its batch uniformly without replacement from its own shard (batch_size samples, or
 batch_size x local_steps for FedAvg), computes its update through its defense's `client_gradient` hook (FedSGD: one
 gradient; FedAvg: local_steps SGD steps at lr on consecutive mini-batches, sending w_before - w_after) and sends
-`defense.transform(update)`; the server applies the mean of what the clients sent (gleak.mechanics.protocol.server_step:
-FedSGD w -= lr * mean gradient; FedAvg w -= mean delta). The rounds run through gleak.mechanics.protocol.run_rounds, the
+`defense.transform(update)`; the server applies the mean of what the clients sent (gleak.mechanics.client_update.server_step:
+FedSGD w -= lr * mean gradient; FedAvg w -= mean delta). The rounds run through gleak.mechanics.rounds.run_rounds, the
 loop attack trials use. One defense instance per client, reset once, so stateful defenses (error feedback) keep
 their state across rounds. The run's protocol (`utility_setup`: fedsgd, fedavg with algorithm = "fedavg", or the
 protocol a defense entry names, such as cgd) trains in its `train_utility`; CGD's is its vectorised engine.
@@ -45,7 +45,9 @@ from gleak.mechanics.data import ImageDataset
 from gleak.mechanics.modality import modality_of
 
 # The training loop is the Protocol's default `train_utility` (gleak.mechanics.protocol); its names stay importable from here.
-from gleak.mechanics.protocol import CURVE_POINTS, Protocol, Setup, accuracy, federated_training  # noqa: F401
+from gleak.mechanics.protocol import Protocol
+from gleak.mechanics.protocol_setup import Setup
+from gleak.mechanics.rounds import CURVE_POINTS, accuracy, federated_training  # noqa: F401
 
 # A run's protocol where a suite's case names one: (name, full params); None: the [utility] table's own algorithm.
 Protocolled = tuple[str, dict[str, Any]] | None

@@ -17,7 +17,8 @@ from gleak.mechanics.defense_output import extra_json
 from gleak.mechanics.gate import attacker_knowledge, forged_models, observation
 from gleak.mechanics.label_query import query_model, read_counts
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import Setup, run_rounds, trial_setup
+from gleak.mechanics.protocol_setup import Setup, trial_setup
+from gleak.mechanics.rounds import run_rounds
 from gleak.orchestration.conformance.common import CASES, TEXT_CASES, Check, _meta_checks, _state, _tensors_equal
 from gleak.orchestration.trial import DTYPES, client_update, draw_batches, load_case_data, observed_schedule
 
@@ -35,7 +36,7 @@ def attack_cases(cls: type) -> tuple[CaseConfig, ...]:
 
 
 def _observed_through_protocol(attack: Attack, cfg: TrialConfig, ds: Any, model: Any, public: Any):
-    """A case with a protocol: its observed rounds (gleak.mechanics.protocol.run_rounds), every round through the gate."""
+    """A case with a protocol: its observed rounds (gleak.mechanics.rounds.run_rounds), every round through the gate."""
     dtype = DTYPES[cfg.case.dtype]
     batches = draw_batches(ds, cfg, dtype)
     setup = trial_setup(cfg.case, "none", {})

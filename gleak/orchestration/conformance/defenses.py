@@ -31,7 +31,7 @@ def _probe_update(dtype: torch.dtype, seed: int) -> Update:
 def _client_gradient_problems(factory: Callable[[], Any], dtype: torch.dtype) -> list[str]:
     """The client_gradient hook on a small MLP: one finite tensor per trainable parameter, deterministic under the
     client's generator, and the model untouched."""
-    from gleak.mechanics.protocol import trainable
+    from gleak.contracts.plugin import trainable
 
     model = create_model("mlp", (1, 4, 4), 3, seed=0, dtype=dtype, hidden=[6])
     g = torch.Generator().manual_seed(0)

@@ -11,7 +11,7 @@ from gleak.contracts.plugin import Defense
 from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import ClientBatch, Update
 from gleak.mechanics.models import create_model
-from gleak.mechanics.protocol import run_rounds
+from gleak.mechanics.rounds import run_rounds
 from gleak.orchestration.conformance.common import Check, _meta_checks, _run, _tensors_equal
 
 
@@ -120,7 +120,7 @@ class _ProtocolProbe:
         return ""
 
     def rounds_ok(self) -> str:
-        from gleak.mechanics.protocol import Schedule
+        from gleak.mechanics.rounds import Schedule
 
         rng, batches = self.rng, self.batches
         views = []
