@@ -39,7 +39,8 @@ def test_a_forged_aggregate_plants_a_trap_in_every_confined_model_and_recovers_v
 def test_without_the_forged_round_the_trap_is_never_planted(monkeypatch):
     # The same attack with the forged round skipped (the models left as CGD drew them): the trap is not there.
     monkeypatch.setattr(trial_module, "forged_models", lambda attack, protocol, models, knowledge, seed: models)
-    rows = [run_trial(_cfg("forged-trap", s)) for s in SEEDS[:3]]
+    # 8 participants (not 16): without a trap nothing comes back exactly at any size; this keeps the test short
+    rows = [run_trial(_cfg("forged-trap", s, params={"partition": "8x1", "colluders": 0}, clients=8)) for s in SEEDS[:3]]
     assert _exact(rows) == 0, [r["psnr"] for r in rows]
 
 
