@@ -31,7 +31,7 @@ def _key(public_x: Tensor, vocab: int, steps: int, lr: float, dtype: torch.dtype
 
 
 def _train(public_x: Tensor, vocab: int, steps: int, lr: float, dtype: torch.dtype) -> tuple[dict[str, Tensor], float]:
-    from gleak.contracts.config import derive_seed
+    from gleak.contracts.seeds import derive_seed
     from gleak.mechanics.models import create_model
     from gleak.mechanics.pretrain import train
     from gleak.mechanics.text.data import TextDataset

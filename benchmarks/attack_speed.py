@@ -51,7 +51,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gleak  # noqa: E402
-from gleak.contracts.config import derive_seed  # noqa: E402
+from gleak.contracts.seeds import derive_seed  # noqa: E402
 from gleak.contracts.wire import ClientBatch, Knowledge, Observation  # noqa: E402
 from gleak.mechanics import device as devices  # noqa: E402
 from gleak.mechanics.data import load_dataset  # noqa: E402

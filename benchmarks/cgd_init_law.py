@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gleak.contracts.config import derive_seed  # noqa: E402
+from gleak.contracts.seeds import derive_seed  # noqa: E402
 from gleak.mechanics.data import load_dataset  # noqa: E402
 from gleak.protocols.cgd_training import INIT_LAWS, Partition, train  # noqa: E402
 from gleak.protocols.cgd_utility import features, subset  # noqa: E402

@@ -74,10 +74,10 @@ from gleak.protocols.cgd_utility import centralized, features, mlp_sizes, subset
 from gleak.protocols.cgd_vertical import VerticalBlock, block_update, draw_block, step_block, zero_block
 from torch import nn
 
-from gleak.contracts.config import derive_seed
 from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.plugin import Defense, check_choice
 from gleak.contracts.registry import register_protocol
+from gleak.contracts.seeds import derive_seed
 from gleak.contracts.wire import ClientBatch, Update
 from gleak.mechanics.client_update import shift_each, shifted
 from gleak.mechanics.models import first_linear

@@ -52,8 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gleak.contracts.config import derive_seed
 from gleak.contracts.plugin import check_choice
+from gleak.contracts.seeds import derive_seed
 from gleak.mechanics.allocator import retain_freed_memory
 from gleak.mechanics.secret_sharing import FixedPoint
 

@@ -13,8 +13,8 @@ from gleak.protocols.cgd_training import Partition, blocks, init_deltas, partici
 from gleak.protocols.cgd_vertical import VerticalBlock, initial_blocks
 from torch import nn
 
-from gleak.contracts.config import derive_seed
 from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.seeds import derive_seed
 from gleak.contracts.wire import ClientBatch
 from gleak.mechanics.accountant import PrivacyAccountant
 from gleak.mechanics.models import create_model

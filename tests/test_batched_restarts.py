@@ -11,7 +11,8 @@ from gleak.attacks._lbfgs import BatchedLBFGS
 from torch import nn
 
 import gleak
-from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed
+from gleak.contracts.config import CaseConfig, TrialConfig
+from gleak.contracts.seeds import derive_seed
 from gleak.contracts.wire import ClientBatch, Knowledge, Observation
 from gleak.mechanics.client_update import fedsgd_update
 from gleak.mechanics.data import load_dataset

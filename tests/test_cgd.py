@@ -1,18 +1,10 @@
 """CGD (seed 000): the vectorised engine against a literal per-participant Algorithm 2, the defense in trials, and
 the attacks that do (and do not) get through it."""
 import json
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-
-from gleak.contracts.config import CaseConfig, TrialConfig, UtilityConfig, generator
-from gleak.contracts.errors import UnsupportedCase
-from gleak.contracts.registry import create
-from gleak.contracts.wire import ClientBatch, Update
-from gleak.mechanics.data import ImageDataset
-from gleak.orchestration.trial import run_trial
 from gleak.protocols.cgd_reference import reference_train
 from gleak.protocols.cgd_training import (
     ConfinedMLP,
@@ -22,6 +14,14 @@ from gleak.protocols.cgd_training import (
     make_layout,
     step_size,
 )  # fmt: skip
+
+from gleak.contracts.config import CaseConfig, TrialConfig, UtilityConfig
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.registry import create
+from gleak.contracts.seeds import generator
+from gleak.contracts.wire import ClientBatch, Update
+from gleak.mechanics.data import ImageDataset
+from gleak.orchestration.trial import run_trial
 
 
 def _toy(n=12, d=7, classes=3, seed=0):
@@ -133,9 +133,10 @@ def test_the_init_law_is_stored_by_name_and_every_initial_weight_follows_it(law)
     """init_law enters every stored form (the default changed: a row without it computed "gaussian", so no stored
     form may drop it), and the engine's and the attack trials' draws follow it (the per-participant path draws the
     engine's inits: the engine-equality tests of tests/test_protocols.py hold it to the same law)."""
+    from gleak.protocols.cgd_training import participant_init
+
     from gleak.contracts.registry import check_params
     from gleak.mechanics.models import create_model
-    from gleak.protocols.cgd_training import participant_init
 
     for name in ("cgd", "local-training"):
         stored = check_params("defense", name, {"partition": "10x1", "init_law": law})
@@ -176,8 +177,9 @@ def test_vertical_reading_enters_ids_only_where_it_changes_what_is_computed():
     assert check_params("defense", "cgd", {"partition": "10x7"})["vertical"] == "vfl"
     assert check_params("defense", "cgd", {"partition": "10x7", "utility_seed": 2})["utility_seed"] == 2
     assert "utility_seed" not in check_params("defense", "local-training", {"partition": "10x7"})
-    from gleak.contracts.registry import ParamError
     from gleak.protocols.cgd import CGD
+
+    from gleak.contracts.registry import ParamError
 
     with pytest.raises(ParamError, match="vertical"):
         create("defense", "cgd", vertical="both")

@@ -155,7 +155,7 @@ def test_distinct_label_batches():
 
 
 def test_iid_client_shards_are_those_of_the_utility_loop_before():
-    from gleak.contracts.config import generator
+    from gleak.contracts.seeds import generator
     from gleak.mechanics.data import client_shards
 
     labels = torch.arange(103) % 7
@@ -170,7 +170,7 @@ def _skew(shards, labels):
 
 
 def test_dirichlet_shards_partition_the_data_and_skew_the_labels_more_as_alpha_falls():
-    from gleak.contracts.config import generator
+    from gleak.contracts.seeds import generator
     from gleak.mechanics.data import client_shards
 
     labels = torch.arange(1000) % 10

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from gleak.contracts.config import derive_seed
+from gleak.contracts.seeds import derive_seed
 from gleak.mechanics.gate import guess_values, observer_model
 from gleak.mechanics.models import create_model
 

@@ -4,7 +4,8 @@ import torch
 from gleak.attacks.imprint import ENCODER
 
 import gleak
-from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed, generator
+from gleak.contracts.config import CaseConfig, TrialConfig
+from gleak.contracts.seeds import derive_seed, generator
 from gleak.contracts.wire import ClientBatch, Knowledge, Observation, Update
 from gleak.mechanics.client_update import fedsgd_update
 from gleak.mechanics.metrics import psnr

@@ -10,8 +10,9 @@ import torch
 from gleak.attacks.fishing import target_class
 
 import gleak
-from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed, generator
+from gleak.contracts.config import CaseConfig, TrialConfig
 from gleak.contracts.plugin import batch_gradient
+from gleak.contracts.seeds import derive_seed, generator
 from gleak.contracts.wire import Knowledge
 from gleak.mechanics.models import create_model
 from gleak.orchestration.conformance import check_plugin

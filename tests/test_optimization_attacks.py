@@ -8,7 +8,8 @@ from gleak.attacks._gradmatch import observed_gradient
 from gleak.attacks.inverting_gradients import milestones, total_variation
 
 import gleak
-from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed
+from gleak.contracts.config import CaseConfig, TrialConfig
+from gleak.contracts.seeds import derive_seed
 from gleak.contracts.wire import ClientBatch, Knowledge, Observation
 from gleak.mechanics.client_update import fedavg_update, fedsgd_update
 from gleak.mechanics.data import load_dataset

@@ -225,7 +225,7 @@ def _rounds_and_engine(partition: str, secure_sum: str):
     from gleak.protocols.cgd_training import ConfinedMLP, Partition, init_deltas, make_layout, step_size
     from gleak.protocols.cgd_utility import subset, train_per_participant
 
-    from gleak.contracts.config import derive_seed
+    from gleak.contracts.seeds import derive_seed
 
     train_ds = _image_ds(30, 0)
     cfg = UtilityConfig(dataset="toy", model="mlp", model_params={"hidden": [5]}, training_rounds=4, server_lr=0.5, seed=3)
@@ -340,7 +340,7 @@ def test_a_protocol_with_a_broken_hook_fails_check_plugin(tmp_path):
 
 
 def test_server_lr_is_the_new_name_of_the_fedsgd_warm_up_step_with_the_same_trial_id():
-    from gleak.contracts.config import check_case_values
+    from gleak.contracts.config_checks import check_case_values
 
     old = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(warmup_rounds=3, local_lr=0.01), 0)
     new = TrialConfig("t", "closed-form", {}, "dgp", {}, CaseConfig(warmup_rounds=3, server_lr=0.01), 0)

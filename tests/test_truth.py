@@ -8,7 +8,7 @@ import torch
 from gleak.defenses.ats import ATS, crop_flip, crop_padding
 
 import gleak
-from gleak.contracts.config import generator
+from gleak.contracts.seeds import generator
 from gleak.contracts.wire import ClientBatch
 from gleak.orchestration.conformance import check_plugin
 from gleak.orchestration.reconstructions import rescore_rows, unpack

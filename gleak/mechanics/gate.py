@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gleak.contracts.config import derive_seed, generator
 from gleak.contracts.errors import PluginContractError, UnsupportedCase
 from gleak.contracts.plugin import Attack
+from gleak.contracts.seeds import derive_seed, generator
 from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import WIRE_META, ClientBatch, DefenseDescription, Knowledge, Observation, Update
 from gleak.mechanics.data import ImageDataset

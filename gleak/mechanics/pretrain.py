@@ -29,9 +29,10 @@ import torch
 from filelock import FileLock
 from torch import nn
 
-from gleak.contracts.config import CaseConfig, derive_seed, generator
+from gleak.contracts.config import CaseConfig
 from gleak.contracts.errors import InputError
 from gleak.contracts.plugin import Defense, loss_fn, trainable
+from gleak.contracts.seeds import derive_seed, generator
 from gleak.mechanics.data import ImageDataset
 from gleak.mechanics.models import create_model
 

@@ -101,8 +101,8 @@ def federated_training(
 ) -> dict[str, Any]:  # fmt: skip
     """Train under `protocol` with `defense` (name, params) on every client's update for cfg.training_rounds rounds through
     run_rounds; {"accuracy", "curve"}. The loop of a utility run (gleak.orchestration.utility), described there."""
-    from gleak.contracts.config import derive_seed, generator
     from gleak.contracts.registry import create
+    from gleak.contracts.seeds import derive_seed, generator
     from gleak.mechanics import device as devices
     from gleak.mechanics.data import client_shards
     from gleak.mechanics.models import create_model

@@ -36,11 +36,10 @@ from gleak.contracts.config import (
     CaseConfig,
     TrialConfig,
     UtilityConfig,
-    check_case_values,
-    check_utility_values,
     current_names,
     utility_lr_names,
 )  # fmt: skip
+from gleak.contracts.config_checks import check_case_values, check_utility_values
 from gleak.contracts.errors import InputError, UnknownPluginError, Where
 from gleak.contracts.errors import did_you_mean as _close
 from gleak.mechanics.modality import modality_of

@@ -20,10 +20,11 @@ import torch
 from torch import nn
 
 from gleak.contracts.attack_output import baseline_torch_state
-from gleak.contracts.config import TrialConfig, derive_seed, generator
+from gleak.contracts.config import TrialConfig
 from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.plugin import Attack, Defense
 from gleak.contracts.registry import create
+from gleak.contracts.seeds import derive_seed, generator
 from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import ClientBatch, Observation, Update, replace
 from gleak.mechanics import device as devices

@@ -38,8 +38,9 @@ from typing import Any, Callable
 
 import torch
 
-from gleak.contracts.config import UtilityConfig, derive_seed, generator
+from gleak.contracts.config import UtilityConfig
 from gleak.contracts.registry import create, plugin_info
+from gleak.contracts.seeds import derive_seed, generator
 from gleak.mechanics import device as devices
 from gleak.mechanics.data import ImageDataset
 from gleak.mechanics.modality import modality_of

@@ -8,9 +8,10 @@ from typing import Any, Callable
 import torch
 
 from gleak.contracts import registry
-from gleak.contracts.config import CaseConfig, TrialConfig, derive_seed, generator
+from gleak.contracts.config import CaseConfig, TrialConfig
 from gleak.contracts.errors import PluginContractError, UnsupportedCase
 from gleak.contracts.plugin import Attack
+from gleak.contracts.seeds import derive_seed, generator
 from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import KNOWLEDGE, Reconstruction
 from gleak.mechanics.defense_output import extra_json
