@@ -419,7 +419,7 @@ def results(folder: str | Path, *, flatten: bool = True) -> pd.DataFrame:
 # -- comparing two output folders ---------------------------------------------------------------------------------
 def _labels(df: pd.DataFrame, kind: str) -> list[str]:
     """'name' or 'name (k=v, ...)' with the parameters that differ between the configurations of that name."""
-    from gleak.reporting.report import varying_keys
+    from gleak.reporting.aggregate import varying_keys
 
     vary = varying_keys(df, kind)
     out = []
@@ -439,7 +439,7 @@ def compare(a: str | Path, b: str | Path) -> pd.DataFrame:
 
     import numpy as np
 
-    from gleak.reporting.report import CASE_KEYS, aggregate
+    from gleak.reporting.aggregate import CASE_KEYS, aggregate
 
     frames = {"a": results(a, flatten=False), "b": results(b, flatten=False)}
     keys = CASE_KEYS + ["variant", "defense", "defense_params", "attack", "attack_params"]

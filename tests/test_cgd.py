@@ -327,7 +327,7 @@ def test_a_cgd_verdict_is_attributed_to_the_partition_it_was_measured_at_not_the
     import pandas as pd
 
     from gleak.reporting.attribution import undefended_baseline
-    from gleak.reporting.report import aggregate, defense_ranking
+    from gleak.reporting.aggregate import aggregate, defense_ranking
 
     wide = {"partition": "100x49", "colluders": None, "delta": 0.1}
     own = {"partition": "10x1", "colluders": None, "delta": 0.1}

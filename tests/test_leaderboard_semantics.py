@@ -10,14 +10,7 @@ import math
 import pandas as pd
 import pytest
 
-from gleak.reporting.report import (
-    aggregate,
-    apply_verdicts,
-    attack_ranking,
-    competition_rank,
-    defense_ranking,
-    median_verdict,
-)
+from gleak.reporting.aggregate import aggregate, apply_verdicts, attack_ranking, competition_rank, defense_ranking, median_verdict
 
 BLIND_MSE = 0.05
 

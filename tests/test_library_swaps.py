@@ -11,7 +11,7 @@ from gleak.contracts.errors import InputError
 from gleak.orchestration.folder_lock import LOCK_NAME, check_unlocked, release_lock, take_lock
 from gleak.reporting.documents.markdown import md_table
 from gleak.reporting.figures import image_grid
-from gleak.reporting.report import render_html
+from gleak.reporting.documents.html import render_html
 
 
 def test_image_grid_layout_padding_scale_and_a_short_row():

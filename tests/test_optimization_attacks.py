@@ -211,7 +211,7 @@ def test_leaderboard_keeps_trained_and_untrained_apart():
 
     import pandas as pd
 
-    from gleak.reporting.report import aggregate
+    from gleak.reporting.aggregate import aggregate
 
     def row(state, psnr):
         case = json.dumps({"dataset": "skimage", "model": "lenet", "batch_size": 1, "model_state": state})

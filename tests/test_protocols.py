@@ -380,7 +380,7 @@ def test_the_leaderboard_ranks_a_protocol_and_its_defense_as_one_defense():
 
     import pandas as pd
 
-    from gleak.reporting.report import protocol_pairs
+    from gleak.reporting.aggregate import protocol_pairs
 
     df = pd.DataFrame({"defense": ["noise", "noise", "cgd"],
                        "case": [json.dumps(CaseConfig(protocol="cgd").to_dict()), json.dumps(CaseConfig().to_dict()),

@@ -7,14 +7,9 @@ import pytest
 import torch
 
 from gleak.mechanics import metrics, perceptual, verdicts
-from gleak.reporting.report import (
-    aggregate,
-    attack_ranking,
-    competition_rank,
-    defense_ranking,
-    leaderboard_document,
-    render_markdown,
-)
+from gleak.reporting.aggregate import aggregate, attack_ranking, competition_rank, defense_ranking
+from gleak.reporting.documents.leaderboard import leaderboard_document
+from gleak.reporting.documents.markdown import render_markdown
 
 
 def _batch(seed, n=4, side=8):
@@ -202,7 +197,7 @@ def test_dlg_returns_its_best_restart(monkeypatch):
 
 def test_inverting_gradients_says_when_its_budget_is_cut(capsys):
     import gleak
-    from gleak.reporting.report import leaderboard_notes
+    from gleak.reporting.documents.leaderboard import leaderboard_notes
 
     gleak.create("attack", "inverting-gradients", preset="code", iterations=100)
     gleak.create("attack", "inverting-gradients", preset="code", iterations=100)

@@ -103,7 +103,7 @@ def _row(**kw):
 
 
 def test_the_report_reads_a_verdict_stored_under_its_rule_and_judges_others_by_the_same_function():
-    from gleak.reporting.report import apply_verdicts
+    from gleak.reporting.aggregate import apply_verdicts
 
     df = pd.DataFrame([_row(), _row(verdict="defended"), _row(extra=json.dumps({"blind_mse": 0.05, "half_mse": 0.015}))])
     # row 1: stored by the trial under seed002 (its full arrays): read as stored, even where the numbers say otherwise
@@ -117,6 +117,7 @@ def test_every_published_verdict_is_the_one_verdict_function_of_its_row(folder):
     leaderboard.csv (rank, worst attack, PSNR, verdict) rebuilds from results.csv as published."""
     from gleak.mechanics.text.metrics import text_verdict
     from gleak.reporting import report
+    from gleak.reporting.aggregate import aggregate, defense_ranking
 
     d = ROOT / "results" / folder
     data = report._load_committed(d)
@@ -131,7 +132,7 @@ def test_every_published_verdict_is_the_one_verdict_function_of_its_row(folder):
         else:
             mine = trial_verdict(r.mse, e.get("half_mse"), e.get("blind_mse"), r.matched, r.batch_size, rule)
         assert (mine or "") == (published if isinstance(published, str) else ""), (folder, r.trial_id)
-    dr = report.defense_ranking(report.aggregate(df), data["utility"]).reset_index(drop=True)
+    dr = defense_ranking(aggregate(df), data["utility"]).reset_index(drop=True)
     lb = pd.read_csv(d / "leaderboard.csv")
     assert len(dr) == len(lb)
     image_cols = "worst_attack" in lb.columns  # a text suite's ranking has no image scores to rank by

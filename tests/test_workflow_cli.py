@@ -132,7 +132,7 @@ def test_compare_of_a_folder_with_itself_says_nothing_moved(gleak_cmd, run_env):
     assert bad.returncode == 2 and "no results here" in bad.stderr
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered")  # report.aggregate's std over infinite PSNRs
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # aggregate's std over infinite PSNRs
 def test_compare_one_seed_and_exact_cells_unchanged(tmp_path):
     """One seed: the spread is 0, so only a real change counts; two exact (infinite PSNR) cells have not moved."""
     from gleak.api import compare

@@ -24,22 +24,17 @@ from gleak.mechanics.metrics import leakiest_first
 from gleak.orchestration.output_folder import FIGURE_PREFIXES
 from gleak.orchestration.store import CSV_COLUMNS, Store, check_store
 from gleak.orchestration.utility import utility_config, utility_frame
-from gleak.reporting.aggregate import (  # noqa: F401  - the public names of the leaderboard, importable from here
+from gleak.reporting.aggregate import (
     CASE_KEYS,
-    SPREAD_METRICS,
     aggregate,
     apply_verdicts,
     as_float,
     attack_ranking,
     with_threat_models,
     case_variants,
-    competition_rank,
     defense_ranking,
-    median_verdict,
     protocol_pairs,
-    spread,
     strength_series,
-    threat_model_text,
     varying_keys,
 )  # fmt: skip
 from gleak.reporting.attribution import undefended_baseline
@@ -47,8 +42,8 @@ from gleak.reporting.claims import folder_claims, with_claims
 from gleak.reporting.documents import tables
 from gleak.reporting.documents.cells import attack_label, data, defense_label
 from gleak.reporting.documents.html import render_html
-from gleak.reporting.documents.leaderboard import attack_defense_matrix, leaderboard_document, leaderboard_notes  # noqa: F401
-from gleak.reporting.documents.markdown import md_escape, md_table, render_markdown  # noqa: F401
+from gleak.reporting.documents.leaderboard import leaderboard_document, leaderboard_notes
+from gleak.reporting.documents.markdown import render_markdown
 from gleak.reporting.documents.text import worst_rouge_per_config
 
 META_JSON = "suite.json"
