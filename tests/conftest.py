@@ -63,6 +63,20 @@ def run_env():
     return _env()
 
 
+@pytest.fixture
+def gleak_cli(capsys):
+    """The CLI in this process: gleak_cli(args) -> (exit status, stderr), what the user's command would give (for
+    what a subprocess is not needed for: no os._exit, no signal, no second interpreter)."""
+    from gleak import cli
+
+    def call(args: list[str]) -> tuple[int, str]:
+        capsys.readouterr()
+        code = cli.main(args)
+        return code, capsys.readouterr().err
+
+    return call
+
+
 # A small suite with a [utility] table (skimage at 16x16, a 32-unit MLP): shared by the utility and report tests.
 UTILITY_SUITE = """
 [suite]

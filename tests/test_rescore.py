@@ -123,29 +123,20 @@ def _swap_two_arrays(out) -> tuple[str, str]:
     return a, b
 
 
-def _cli(args, capsys) -> tuple[int, str]:
-    """The CLI in this process (its exit status and stderr), as the user's command would give them."""
-    from gleak.cli import main
-
-    capsys.readouterr()
-    code = main(args)
-    return code, capsys.readouterr().err
-
-
-def test_rescore_refuses_arrays_moved_to_another_trial(folder, tmp_path, capsys):
+def test_rescore_refuses_arrays_moved_to_another_trial(folder, tmp_path, gleak_cli):
     """Each stored reconstruction carries its trial's digest (gleak.orchestration.store.arrays_digest): arrays
     swapped between two trials are refused with one line naming a trial, exit 2, the store unchanged, where they
     would otherwise be rescored as the other trial's (an exact recovery scored as a poor one, or the reverse)."""
     out = _copy(folder, tmp_path)
     a, _ = _swap_two_arrays(out)
     before = (out / "results.sqlite").read_bytes()
-    code, err = _cli(["rescore", str(out), "--metrics", "psnr"], capsys)
+    code, err = gleak_cli(["rescore", str(out), "--metrics", "psnr"])
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert a in err and "digest" in err
     assert (out / "results.sqlite").read_bytes() == before
 
 
-def test_plot_draws_the_grid_from_the_store_when_the_pngs_are_gone(folder, tmp_path, capsys):
+def test_plot_draws_the_grid_from_the_store_when_the_pngs_are_gone(folder, tmp_path, gleak_cli):
     """images/ removed (or its files turned into links): `gleak plot` draws each reconstruction again from the
     store's arrays, the same pixels as the PNG the trial wrote; arrays that are another trial's are not drawn (one
     line each), and a grid left with nothing to draw keeps the figure drawn before."""
@@ -168,7 +159,7 @@ def test_plot_draws_the_grid_from_the_store_when_the_pngs_are_gone(folder, tmp_p
                 png.symlink_to(white)
         for p in grids:
             p.unlink()
-        code, err = _cli(["plot", str(out)], capsys)
+        code, err = gleak_cli(["plot", str(out)])
         assert code == 0 and all(p.is_file() for p in grids), (case, err)
         for p in grids:
             assert np.array_equal(np.asarray(Image.open(p)), drawn[p.name]), (case, p.name)
@@ -179,7 +170,7 @@ def test_plot_draws_the_grid_from_the_store_when_the_pngs_are_gone(folder, tmp_p
     _edit(out, *(("UPDATE reconstructions SET arrays = ? WHERE trial_id = ?", (blob, tid))
                  for (tid, _), (_, blob) in zip(rows, rows[1:] + rows[:1])))  # every stored array moved one trial on
     kept = {p.name: p.read_bytes() for p in grids}
-    code, err = _cli(["plot", str(out)], capsys)
+    code, err = gleak_cli(["plot", str(out)])
     assert code == 0 and "do not match their digest" in err, err
     assert {p.name: p.read_bytes() for p in grids} == kept  # nothing drawable: the grids drawn before stay
 

@@ -152,13 +152,7 @@ def test_in_place_defense_was_recorded_wrongly_without_the_guard(tmp_path, monke
     assert row["status"] == "ok" and row["grad_dist"] == 0.0  # the wrong number the guard prevents
 
 
-def _main(args, capsys) -> tuple[int, str]:
-    code = cli.main(args)
-    err = capsys.readouterr().err
-    return code, err
-
-
-def test_suite_named_dotdot_or_dot_writes_nothing(tmp_path, capsys, monkeypatch):
+def test_suite_named_dotdot_or_dot_writes_nothing(tmp_path, capsys, monkeypatch, gleak_cli):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "mine.txt").write_text("user's")
@@ -166,7 +160,7 @@ def test_suite_named_dotdot_or_dot_writes_nothing(tmp_path, capsys, monkeypatch)
     for name in ["..", ".", "a/b", "x\\\\y", "." + "h", "n" * 101, "tab\\there"]:
         (tmp_path / "s.toml").write_text(TINY.replace('name = "tiny"', f'name = "{name}"'))
         before = tree(tmp_path)
-        code, err = _main(["run", str(tmp_path / "s.toml"), "--no-progress", "--in-process"], capsys)
+        code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--no-progress", "--in-process"])
         assert code == 2, (name, err)
         assert len(err.strip().splitlines()) == 1 and "[suite] key 'name'" in err, err
         assert tree(tmp_path) == before
@@ -183,26 +177,26 @@ USER_FILES = {
 }
 
 
-def test_out_at_a_folder_of_user_files_changes_nothing_of_theirs(tmp_path, capsys):
+def test_out_at_a_folder_of_user_files_changes_nothing_of_theirs(tmp_path, capsys, gleak_cli):
     user = tmp_path / "user"
     for rel, data in USER_FILES.items():
         (user / rel).parent.mkdir(parents=True, exist_ok=True)
         (user / rel).write_bytes(data)
     (tmp_path / "s.toml").write_text(TINY)
     before = tree(user)
-    code, err = _main(["run", str(tmp_path / "s.toml"), "--out", str(user), "--no-progress"], capsys)
+    code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", str(user), "--no-progress"])
     assert code == 2 and "not a gleak output folder" in err and len(err.strip().splitlines()) == 1
     assert tree(user) == before
     # --force accepts the folder, but not a user's file where gleak writes (utility.csv, a figure of gleak's name)
-    code, err = _main(["run", str(tmp_path / "s.toml"), "--out", str(user), "--no-progress", "--force"], capsys)
+    code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", str(user), "--no-progress", "--force"])
     assert code == 2 and "a file gleak did not write" in err
     assert tree(user) == before
     (user / "utility.csv").rename(user / "utility.mine.csv")
     (user / "figures/reconstructions_mine.png").rename(user / "figures/mine.png")
     before = tree(user)
-    code, err = _main(["run", str(tmp_path / "s.toml"), "--out", str(user), "--no-progress", "--force"], capsys)
+    code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", str(user), "--no-progress", "--force"])
     assert code == 0, err
-    code, err = _main(["run", str(tmp_path / "s.toml"), "--out", str(user), "--no-progress"], capsys)  # gleak's now
+    code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", str(user), "--no-progress"])  # gleak's now
     assert code == 0, err
     after = tree(user)
     assert {k: after.get(k) for k in before} == before  # every user file byte-identical
@@ -212,16 +206,16 @@ def test_out_at_a_folder_of_user_files_changes_nothing_of_theirs(tmp_path, capsy
     # A user's figure dropped into gleak's figures/ later is never deleted as stale, a user dot file never cleaned
     (user / "figures" / "strength_user.png").write_bytes(b"mine")
     (user / "figures" / ".frontier.png.gleak-tmp-abcdefgh").write_bytes(b"mine too")  # not listed, but gleak-shaped
-    code, err = _main(["leaderboard", str(user)], capsys)
+    code, err = gleak_cli(["leaderboard", str(user)])
     assert code == 0, err
     assert (user / "figures" / "strength_user.png").read_bytes() == b"mine"
 
 
-def test_gleak_deletes_its_own_stale_figure_but_not_a_users(tmp_path, capsys):
+def test_gleak_deletes_its_own_stale_figure_but_not_a_users(tmp_path, capsys, gleak_cli):
     """The manifest rule, both ways: a stale figure gleak wrote goes; the same name written by the user stays."""
     out = tmp_path / "o"
     (tmp_path / "s.toml").write_text(TINY.replace("save_images = false", "save_images = true"))
-    assert _main(["run", str(tmp_path / "s.toml"), "--out", str(out), "--no-progress", "--in-process"], capsys)[0] == 0
+    assert gleak_cli(["run", str(tmp_path / "s.toml"), "--out", str(out), "--no-progress", "--in-process"])[0] == 0
     figs = sorted(p.name for p in (out / "figures").glob("*.png"))
     assert figs, "the run wrote a reconstruction figure"
     from gleak.orchestration import output_folder as folder
@@ -233,20 +227,20 @@ def test_gleak_deletes_its_own_stale_figure_but_not_a_users(tmp_path, capsys):
     m.save()
     users = out / "figures" / "strength_users_sigma.png"
     users.write_bytes(b"user's")
-    assert _main(["leaderboard", str(out)], capsys)[0] == 0
+    assert gleak_cli(["leaderboard", str(out)])[0] == 0
     assert not stale.exists() and users.read_bytes() == b"user's"
 
 
-def _stored_run(tmp_path, capsys, name="o") -> Path:
+def _stored_run(tmp_path, gleak_cli, name="o") -> Path:
     out = tmp_path / name
     (tmp_path / "s.toml").write_text(TINY.replace("save_images = false", "save_images = true"))
-    code, err = _main(["run", str(tmp_path / "s.toml"), "--out", str(out), "--no-progress", "--in-process"], capsys)
+    code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", str(out), "--no-progress", "--in-process"])
     assert code == 0, err
     return out
 
 
-def test_image_column_pointing_outside_moves_deletes_and_reads_nothing(tmp_path, capsys):
-    out = _stored_run(tmp_path, capsys)
+def test_image_column_pointing_outside_moves_deletes_and_reads_nothing(tmp_path, capsys, gleak_cli):
+    out = _stored_run(tmp_path, gleak_cli)
     # the grids drawn from the folder's own images: never redrawn from a path the store names elsewhere (kept as
     # they are, since gleak never deletes a grid it cannot redraw)
     grids = {p: p.read_bytes() for p in (out / "figures").glob("reconstructions_*.png")}
@@ -260,7 +254,7 @@ def test_image_column_pointing_outside_moves_deletes_and_reads_nothing(tmp_path,
         con.execute("UPDATE trials SET trial_id = 'aaaaaaaaaaaaaaaa', image = '../../outside.png'")
     con.close()
     before = {p: (p.read_bytes(), p.stat().st_nlink) for p in (outside, secret)}
-    code, err = _main(["run", str(tmp_path / "s.toml"), "--out", str(out), "--no-progress", "--in-process"], capsys)
+    code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", str(out), "--no-progress", "--in-process"])
     assert code == 0, err
     assert {p: (p.read_bytes(), p.stat().st_nlink) for p in (outside, secret)} == before
     assert not list(tmp_path.glob("*.png.*"))
@@ -269,7 +263,7 @@ def test_image_column_pointing_outside_moves_deletes_and_reads_nothing(tmp_path,
         with con:
             con.execute("UPDATE trials SET image = ?", (image,))
         con.close()
-        code, err = _main(["leaderboard", str(out)], capsys)
+        code, err = gleak_cli(["leaderboard", str(out)])
         assert code == 0, err
         csv_text = (out / "results.csv").read_text()
         assert image not in csv_text
@@ -289,10 +283,10 @@ def test_image_column_pointing_outside_moves_deletes_and_reads_nothing(tmp_path,
         ("damaged", "damaged"),
     ],
 )
-def test_a_store_that_is_not_gleaks_is_refused_and_left_untouched(tmp_path, capsys, content, needle):
+def test_a_store_that_is_not_gleaks_is_refused_and_left_untouched(tmp_path, capsys, content, needle, gleak_cli):
     out = tmp_path / "o"
     if content == "damaged":
-        out = _stored_run(tmp_path, capsys)
+        out = _stored_run(tmp_path, gleak_cli)
         for side in ("results.sqlite-wal", "results.sqlite-shm"):
             (out / side).unlink(missing_ok=True)
         db = out / "results.sqlite"
@@ -327,17 +321,17 @@ def test_a_store_that_is_not_gleaks_is_refused_and_left_untouched(tmp_path, caps
     (tmp_path / "s.toml").write_text(TINY.replace("save_images = false", "save_images = true"))
     before = tree(out)
     for args in (["run", str(tmp_path / "s.toml"), "--out", str(out), "--no-progress", "--force"], ["leaderboard", str(out)], ["plot", str(out)]):
-        code, err = _main(args, capsys)
+        code, err = gleak_cli(args)
         assert code == 2, (args, err)
         assert len(err.strip().splitlines()) == 1 and needle in err, err
         assert tree(out) == before
 
 
-def test_a_run_that_dies_midway_hides_no_stored_trial(tmp_path, capsys, gleak_cmd, run_env):
+def test_a_run_that_dies_midway_hides_no_stored_trial(tmp_path, capsys, gleak_cmd, run_env, gleak_cli):
     """The folder's membership changes only once a run's trials are all stored: a run of the same suite, extended,
     that dies in the middle (here: in-process, a trial's os._exit takes the run down) leaves the leaderboard with
     every row it had, never a header-only results.csv."""
-    out = _stored_run(tmp_path, capsys)
+    out = _stored_run(tmp_path, gleak_cli)
     before = (out / "results.csv").read_text().splitlines()
     assert len(before) == 2
     plugin = tmp_path / "crashy.py"
@@ -346,16 +340,16 @@ def test_a_run_that_dies_midway_hides_no_stored_trial(tmp_path, capsys, gleak_cm
     r = subprocess.run(gleak_cmd + ["run", str(tmp_path / "s2.toml"), "--out", str(out), "--no-progress", "--in-process",
                                     "--plugin", str(plugin)], env=run_env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 7
-    code, err = _main(["leaderboard", str(out)], capsys)
+    code, err = gleak_cli(["leaderboard", str(out)])
     assert code == 0, err
     assert (out / "results.csv").read_text().splitlines() == before
 
 
-def test_another_suite_into_a_folder_is_refused(tmp_path, capsys):
-    out = _stored_run(tmp_path, capsys)
+def test_another_suite_into_a_folder_is_refused(tmp_path, capsys, gleak_cli):
+    out = _stored_run(tmp_path, gleak_cli)
     (tmp_path / "other.toml").write_text(TINY.replace('name = "tiny"', 'name = "other"'))
     before = tree(out)
-    code, err = _main(["run", str(tmp_path / "other.toml"), "--out", str(out), "--no-progress"], capsys)
+    code, err = gleak_cli(["run", str(tmp_path / "other.toml"), "--out", str(out), "--no-progress"])
     assert code == 2 and "holds the results of suite 'tiny'" in err
     assert tree(out) == before
 
@@ -376,18 +370,18 @@ def test_another_suite_into_a_folder_is_refused(tmp_path, capsys):
         (lambda s: s.replace('[case]', '[case]\nbatch_size = 1').encode("latin-1") + b"# caf\xe9\n", "not UTF-8"),
     ],
 )  # fmt: skip
-def test_bad_values_are_one_line_exit_2(tmp_path, capsys, edit, needle):
+def test_bad_values_are_one_line_exit_2(tmp_path, capsys, edit, needle, gleak_cli):
     bad = tmp_path / "bad.toml"
     text = edit(TINY)
     bad.write_bytes(text if isinstance(text, bytes) else text.encode())
     out = tmp_path / "o"
-    code, err = _main(["run", str(bad), "--out", str(out), "--no-progress"], capsys)
+    code, err = gleak_cli(["run", str(bad), "--out", str(out), "--no-progress"])
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and needle in err, err
     assert not out.exists()
 
 
-def test_a_plugin_init_raising_anything_is_one_line(tmp_path, capsys):
+def test_a_plugin_init_raising_anything_is_one_line(tmp_path, capsys, gleak_cli):
     plugin = tmp_path / "p.py"
     plugin.write_text(textwrap.dedent('''
         from gleak import register_attack
@@ -400,12 +394,12 @@ def test_a_plugin_init_raising_anything_is_one_line(tmp_path, capsys):
                 self.k = 1 / k
     '''))
     (tmp_path / "s.toml").write_text(TINY.replace('name = "closed-form"', 'name = "init-fails"'))
-    code, err = _main(["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o"), "--plugin", str(plugin)], capsys)
+    code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o"), "--plugin", str(plugin)])
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert str(tmp_path / "s.toml") in err and "[attack #1]" in err and "ZeroDivisionError" in err
 
 
-def test_bad_output_folders_are_one_line_exit_2(tmp_path, capsys):
+def test_bad_output_folders_are_one_line_exit_2(tmp_path, capsys, gleak_cli):
     (tmp_path / "s.toml").write_text(TINY)
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -417,29 +411,29 @@ def test_bad_output_folders_are_one_line_exit_2(tmp_path, capsys):
     if os.geteuid() != 0:  # root writes anywhere
         cases.append((str(ro / "o"), "read-only"))
     for out, needle in cases:
-        code, err = _main(["run", str(tmp_path / "s.toml"), "--out", out, "--no-progress"], capsys)
+        code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", out, "--no-progress"])
         assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, (out, err)
     assert afile.read_text() == "x" and not list(ro.iterdir())
-    code, err = _main(["run", str(tmp_path / "s.toml"), "--out", "a\0b", "--no-progress"], capsys)
+    code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", "a\0b", "--no-progress"])
     assert code == 2 and "NUL" in err
 
 
-def test_a_full_disk_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch):
+def test_a_full_disk_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch, gleak_cli):
     import shutil
     from collections import namedtuple
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9, 1000))
     (tmp_path / "s.toml").write_text(TINY)
-    code, err = _main(["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o"), "--no-progress"], capsys)
+    code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o"), "--no-progress"])
     assert code == 2 and "the disk is full" in err and not (tmp_path / "o").exists()
 
 
-def test_an_unreachable_ray_address_is_one_line(tmp_path, capsys):
+def test_an_unreachable_ray_address_is_one_line(tmp_path, capsys, gleak_cli):
     pytest.importorskip("ray")
     (tmp_path / "s.toml").write_text(TINY)
-    code, err = _main(["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o"), "--executor", "ray",
-                       "--address", "127.0.0.1:1"], capsys)  # fmt: skip
+    code, err = gleak_cli(["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o"), "--executor", "ray",
+                       "--address", "127.0.0.1:1"])  # fmt: skip
     assert code == 2 and "did not answer" in err and not (tmp_path / "o").exists()
 
 
@@ -514,7 +508,7 @@ class Labelled(Defense):
 '''
 
 
-def test_names_and_descriptions_are_escaped_and_never_math(tmp_path, capsys):
+def test_names_and_descriptions_are_escaped_and_never_math(tmp_path, capsys, gleak_cli):
     """HTML and '|' in a description and in parameters reach leaderboard.md as text, and a '$' (bad math text) in a
     parameter does not stop the figures."""
     plugin = tmp_path / "labelled.py"
@@ -523,7 +517,7 @@ def test_names_and_descriptions_are_escaped_and_never_math(tmp_path, capsys):
     suite.write_text(TINY.replace("save_images = false", 'save_images = true\ndescription = "<script>alert(1)</script> & more"')
                      .replace('name = "none"', 'name = "labelled"\nlabel = ["a $\\\\frac{$ b", "<b>bold</b>|pipe"]'))  # fmt: skip
     out = tmp_path / "o"
-    code, err = _main(["run", str(suite), "--out", str(out), "--no-progress", "--in-process", "--plugin", str(plugin)], capsys)
+    code, err = gleak_cli(["run", str(suite), "--out", str(out), "--no-progress", "--in-process", "--plugin", str(plugin)])
     assert code == 0, err
     md = (out / "leaderboard.md").read_text()
     outside_code = "".join(md.split("`")[::2])
