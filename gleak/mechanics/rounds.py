@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -18,8 +18,9 @@ from gleak.mechanics.accountant import PrivacyAccountant
 from gleak.mechanics.client_update import transmit
 from gleak.mechanics.defense_output import unmodified
 
-if TYPE_CHECKING:  # the protocol calls this loop; the loop only calls the protocol's methods
-    from gleak.mechanics.protocol import Protocol
+# The loop is handed a gleak.mechanics.protocol.Protocol and only calls its methods: typed Any here, since the
+# Protocol's default utility training (`federated_training`) lives in this module and the protocol imports it.
+AnyProtocol = Any
 
 
 @dataclass
@@ -55,7 +56,7 @@ def _client_copy(model: nn.Module) -> nn.Module:
 
 
 def run_rounds(
-    protocol: Protocol, defenses: list[Defense], models: list[nn.Module], rounds: int, schedule: Schedule, lr: float,
+    protocol: AnyProtocol, defenses: list[Defense], models: list[nn.Module], rounds: int, schedule: Schedule, lr: float,
     *, observe: bool = True, step_last: bool = True, on_round: Callable[[int, list[nn.Module]], None] | None = None,
 ) -> tuple[list[nn.Module], list[Round]]:  # fmt: skip
     """The round loop. Each round r: client i computes `protocol.client_update` at models[i] on its batch, sends
@@ -96,7 +97,7 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: in
 
 
 def federated_training(
-    cfg: Any, protocol: Protocol, defense: tuple[str, dict[str, Any]], train: Any, test: Any,
+    cfg: Any, protocol: AnyProtocol, defense: tuple[str, dict[str, Any]], train: Any, test: Any,
     on_round: Callable[[], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Train under `protocol` with `defense` (name, params) on every client's update for cfg.training_rounds rounds through
