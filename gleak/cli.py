@@ -354,7 +354,7 @@ def show_text(kind: str, name: str) -> str:
             needs = sorted(tags.needs)
             lines += ["", f"needs: {', '.join(needs) or 'nothing'}", f"active: {'yes' if tags.active else 'no'}"]
         else:
-            lines += ["", f"stateful: {'yes' if get_tags(obj).stateful else 'no'}"]
+            lines += ["", f"stateful: {'yes' if tags.stateful else 'no'}"]
         conf = tags.fast_params
         if conf:
             lines.append(f"check-plugin runs it with: {', '.join(f'{k}={v!r}' for k, v in conf.items())}")
