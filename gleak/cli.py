@@ -77,6 +77,8 @@ def _parallelism(args: argparse.Namespace) -> int | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     workers = _parallelism(args)  # before any import of torch: a mistyped option is one line at once
+    if args.overrides and not args.out:  # results/NAME holds the suite as its file says, never a changed copy of it
+        raise InputError("--set changes the suite: name the folder for its results with --out")
     from gleak.orchestration.runner import run_suite
     from gleak.orchestration.suite import find_suite, load_suite
     from gleak.reporting.report import write_folder_reports as write_reports
@@ -91,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         prestart()  # the workers' fork server imports torch while the suite is validated
     _load_plugins(args.plugin)
     path = find_suite(args.suite)
-    suite = load_suite(path)  # validates everything (plugins, parameters, data) before the folder is touched
+    suite = load_suite(path, overrides=args.overrides)  # validates everything before the folder is touched
     _check_lpips(args.lpips_backbone)  # a bad suite is refused before the weights are fetched (233 MB)
     out = Path(args.out) if args.out else Path("results") / suite.name
 
@@ -442,6 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(trial, iteration/total, loss): the first, every tenth and at least every 10 s")  # fmt: skip
     r.add_argument("--force", action="store_true", help="write into a non-empty folder that is not gleak's (gleak "
                    "adds its files beside the others and never touches them)")  # fmt: skip
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides", help="change one "
+                   "setting of the suite (repeatable; with --out): seeds=1, case.batch_size=4, attack.iterations=100")  # fmt: skip
     r.set_defaults(func=cmd_run)
 
     lb = sub.add_parser("leaderboard", help="regenerate results.csv and leaderboards of an output folder")

@@ -280,3 +280,46 @@ def test_a_bad_suite_is_refused_before_the_lpips_weights_are_fetched(tmp_path, m
                      '[[attack]]\nname = "no-such-attack"\n[[defense]]\nname = "none"\n')
     assert main(["run", str(suite), "--out", str(tmp_path / "o"), "--no-progress", "--in-process"]) == 2
     assert "no-such-attack" in capsys.readouterr().err and fetched == []
+
+
+def test_set_changes_one_setting_and_is_validated_like_the_file(tmp_path, gleak_cli):
+    """`gleak run SUITE --set KEY=VALUE --out DIR` (gleak.orchestration.suite_overrides): the changed suite's trials
+    are the file's own trials where they coincide (same ids); a bad key or value is one located line, exit 2,
+    nothing written; without --out it is refused (results/NAME keeps the suite as its file says)."""
+    import csv
+    import json
+
+    from gleak.orchestration.suite import load_suite
+    from tests.test_hostile_store import T1
+
+    suite = tmp_path / "t1.toml"
+    suite.write_text(T1.replace("[[defense]]", '[[defense]]\nname = "noise"\nsigma = [0.1, 0.01]\n[[defense]]', 1))
+    full = {t.trial_id: t for t in load_suite(suite).trials}
+    out = tmp_path / "o"
+    code, err = gleak_cli(["run", str(suite), "--out", str(out), "--no-progress", "--in-process", "--set", "seeds=[1]",
+                           "--set", "defense.sigma=0.1"])  # fmt: skip
+    assert code == 0, err
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert {r["seed"] for r in rows} == {"1"}
+    assert {r["trial_id"] for r in rows} <= set(full)  # the same trials as the file's, where they coincide
+    assert sorted(json.loads(r["defense_params"]).get("sigma", 0) for r in rows) == [0, 0.1]  # noise at 0.1; none as it was
+    for bad, said in [("seeds", "KEY=VALUE"), ("nope=1", "not a [suite] key"), ("case.nope=1", "[case] key 'nope'"),
+                      ("case.batch_size=0", "must be >= 1"), ("utility.clients=2", "no [utility] table"),
+                      ("defense.sigma=-1", "sigma"), ("attack.sigma=1", "no [[attack]] table")]:  # fmt: skip
+        code, err = gleak_cli(["run", str(suite), "--out", str(tmp_path / "bad"), "--no-progress", "--set", bad])
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, (bad, err)
+    assert not (tmp_path / "bad").exists()
+    code, err = gleak_cli(["run", str(suite), "--no-progress", "--set", "seeds=1"])
+    assert code == 2 and "--out" in err
+
+
+def test_set_on_a_case_key_wins_over_every_grid_that_sets_it():
+    from gleak.orchestration.suite import SUITE_KEYS
+    from gleak.orchestration.suite_overrides import apply_overrides
+
+    doc = {"case": {"batch_size": 1}, "grid": [{"case": {"batch_size": 4}}, {"case": {"model": "mlp"}}],
+           "attack": {"name": "closed-form"}}  # fmt: skip
+    out = apply_overrides(doc, ["case.batch_size=8", "case.dataset=skimage"], SUITE_KEYS)
+    assert out["case"] == {"batch_size": 8, "dataset": "skimage"}  # a bare word is a string
+    assert out["grid"] == [{"case": {"batch_size": 8}}, {"case": {"model": "mlp"}}]
+    assert doc["case"] == {"batch_size": 1}  # the file's document is left as read

@@ -520,11 +520,16 @@ def _set_params(doc: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
     return {kind: names for kind, names in shown.items() if names}
 
 
-def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = ()) -> Suite:
-    """Parse, validate and expand a suite file. Raises InputError (one line) on any problem."""
+def load_suite(path: str | Path, extra_tables: typing.Iterable[str] = (), overrides: typing.Sequence[str] = ()) -> Suite:
+    """Parse, validate and expand a suite file. Raises InputError (one line) on any problem. overrides: `KEY=VALUE`
+    settings applied over the file before it is validated (`gleak run --set`; gleak.orchestration.suite_overrides)."""
     path = Path(path)
     where = _Where(path)
     doc = _read_toml(path)
+    if overrides:
+        from gleak.orchestration.suite_overrides import apply_overrides
+
+        doc = apply_overrides(doc, overrides, SUITE_KEYS)
     allowed = TOP_TABLES | set(extra_tables)
     for k in doc:
         if k not in allowed:
