@@ -12,6 +12,7 @@ The public API in one place (gleak.api; README "Python")::
     gleak.run_trial(attack="dlg", device="auto")   # device: auto, cpu, cuda[:N] (gleak.mechanics.device; not in the trial id)
     df = gleak.results("results/quick")            # an output folder as a DataFrame, one column per parameter
     gleak.list_datasets()                          # data sets; gleak.register_dataset adds one
+    m, d = gleak.case_model(model="mlp"), gleak.case_data(model="mlp")   # a case's model and data (a checkpoint)
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from gleak.contracts.registry import (  # noqa: E402
     register_protocol,
 )  # fmt: skip
 
-_API = ("run_trial", "run", "results", "trial_config", "TrialResult", "RunResult", "TrialFailed")
+_API = ("run_trial", "run", "results", "trial_config", "case_data", "case_model", "TrialResult", "RunResult", "TrialFailed")
 _DATA = ("register_dataset", "list_datasets")
 # What a plugin author writes against, wherever it lives inside gleak: the base classes and the wire's types.
 _PLUGIN_API = {"Attack": "gleak.contracts.plugin", "Defense": "gleak.contracts.plugin",

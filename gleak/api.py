@@ -189,6 +189,29 @@ def trial_config(attack: Any, defense: Any = "none", protocol: Any = None, seed:
     return trials[0]
 
 
+def case_data(split: str = "train", **case: Any) -> Any:
+    """The case's data set as a trial loads it (`split`: "train", where victims come from for an untrained model, or
+    "test"): an ImageDataset with `.x` in [0, 1], `.y`, `.mean`, `.std` and `.model_input(idx, dtype)`, the
+    normalised tensor a model takes. `case`: the [case] keys, validated as in a suite (gleak.run_trial)."""
+    from gleak.orchestration.trial import load_case_data
+
+    if split not in ("train", "test"):
+        raise InputError(f"gleak.case_data: split must be 'train' or 'test', got {split!r}")
+    return load_case_data(trial_config("closed-form", seed=0, **case), split)
+
+
+def case_model(seed: int = 0, **case: Any) -> Any:
+    """The model a trial of this case with `seed` attacks (a torch module): untrained, the very weights that trial
+    starts from; `model_state = "trained"` or `"file:PATH"`, that model. Train it your way and save its
+    `state_dict()` to attack your own checkpoint (`model_state = "file:PATH"`, docs/models.md)."""
+    from gleak.mechanics.pretrain import build_model
+    from gleak.orchestration.trial import DTYPES, load_case_data
+
+    cfg = trial_config("closed-form", seed=seed, **case)  # the attack is not part of the model: any one validates
+    model, _ = build_model(cfg.case, load_case_data(cfg), cfg.seed, DTYPES[cfg.case.dtype])
+    return model
+
+
 def run_trial(
     config: TrialConfig | None = None,
     *,

@@ -163,3 +163,27 @@ def test_results_from_the_store_and_from_results_csv_agree(api_run, tmp_path):
                 assert _same(a, b) or str(a) == str(b), (c, a, b)
     with pytest.raises(InputError, match="no results here"):
         gleak.results(tmp_path / "nothing")
+
+
+def test_the_checkpoint_example_of_the_models_page_runs_and_case_model_is_the_trials_own_model(tmp_path, monkeypatch):
+    """docs/models.md's train-your-checkpoint example runs as written, and its file attacks in a trial; and
+    gleak.case_model(seed=s) holds the weights a trial with seed s starts from: its state saved as a checkpoint
+    gives that trial's numbers exactly, another seed's state other numbers (DLG's few iterations depend on them)."""
+    import re
+
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    code = re.search(r"```python\n(# train_checkpoint\.py.*?)```", (root / "docs" / "models.md").read_text(), re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.group(1), "train_checkpoint.py", "exec"), {})
+    case = dict(dataset="skimage", model="mlp", resolution=16)
+    trained = gleak.run_trial(attack="closed-form", model_state=f"file:{tmp_path / 'mine.pt'}", **case)
+    assert trained.metrics["psnr"] > 40  # the closed form on the trained checkpoint
+    attack = {"name": "dlg", "iterations": 2, "max_iter": 5, "restarts": 1}
+    for seed in (0, 1):
+        plain = gleak.run_trial(attack=attack, seed=seed, **case).metrics["mse"]
+        for other, same in ((seed, True), (1 - seed, False)):
+            torch.save(gleak.case_model(seed=other, **case).state_dict(), tmp_path / "m.pt")
+            loaded = gleak.run_trial(attack=attack, seed=seed, model_state=f"file:{tmp_path / 'm.pt'}", **case)
+            assert (loaded.metrics["mse"] == plain) is same, (seed, other)
