@@ -269,6 +269,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_check_plugin(args: argparse.Namespace) -> int:
     from gleak.contracts import registry
+    from gleak.contracts.tags import get_tags
     from gleak.orchestration.workers import check_plugin_isolated
 
     target = args.target
@@ -298,8 +299,10 @@ def cmd_check_plugin(args: argparse.Namespace) -> int:
             raise UnknownPluginError(f"unknown {' or '.join(kinds)} {target!r}{hint} (known: {', '.join(sorted(known))})")
     failed = 0
     for kind, name in pairs:
-        print(strip_controls(f"{kind} {name}:"))
-        for c in check_plugin_isolated(kind, name, args.plugin_file, args.timeout):
+        quick = {} if args.full else get_tags(registry.plugin_info(kind, name).obj).fast_params
+        said = f" (quick: {', '.join(f'{k}={v!r}' for k, v in quick.items())}; --full runs its defaults)" if quick else ""
+        print(strip_controls(f"{kind} {name}:{said}"))
+        for c in check_plugin_isolated(kind, name, args.plugin_file, args.timeout, args.full):
             failed += not c.passed
             mark = "PASS" if c.passed else "FAIL"
             # the detail quotes the plugin's own errors: its text, printed without escape sequences
@@ -474,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("target")
     cp.add_argument("--kind", choices=["attack", "defense", "protocol", "model"])
     cp.add_argument("--timeout", type=float, default=600.0, help="seconds for all checks of one plugin (default 600)")
+    cp.add_argument("--full", action="store_true", help="check at the plugin's default settings, not the quick ones")
     cp.set_defaults(func=cmd_check_plugin)
     _add_workflow_commands(sub)
     return p

@@ -236,3 +236,42 @@ def test_in_process_run_exits_although_a_plugin_left_a_thread(tmp_path, gleak_cm
                        env=run_env, capture_output=True, text=True, timeout=100)
     assert r.returncode == 1 and time.monotonic() - t0 < 100, r.stderr
     assert "plugin-sleeper" in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+LOOPER = textwrap.dedent('''
+    import torch
+
+    from gleak import Attack, Reconstruction, register_attack
+
+
+    @register_attack("looper")
+    class Looper(Attack):
+        """Test attack that notes the iterations it is built with."""
+
+        needs = frozenset({"batch_size"})
+
+        def __init__(self, iterations: int = 7, restarts: int = 1):
+            self.iterations, self.restarts = iterations, restarts
+            with open(SEEN, "a") as fh:
+                fh.write(f"{iterations}\\n")
+
+        def reconstruct(self, observation, rng):
+            k = observation.knowledge
+            return Reconstruction(x=torch.zeros((k.batch_size, *k.input_shape)))
+''')
+
+
+def test_check_plugin_is_quick_by_default_and_says_so(tmp_path, gleak_cli):
+    """A plugin without conformance_params is checked with its loop parameters cut (gleak.contracts.tags.QUICK:
+    iterations 2), and the first line says so; --full checks it at its defaults. `restarts` at 1 is already quick."""
+    seen = tmp_path / "seen.txt"
+    plugin = tmp_path / "looper.py"
+    plugin.write_text(LOOPER.replace("SEEN", repr(str(seen))))
+    code, err = gleak_cli(["check-plugin", str(plugin)])
+    assert code == 0, err
+    assert set(seen.read_text().split()) == {"2"}
+    seen.unlink()
+    full = tmp_path / "looper_full.py"  # another name: this process has "looper" registered now
+    full.write_text(LOOPER.replace("SEEN", repr(str(seen))).replace('"looper"', '"looper-full"'))
+    code, err = gleak_cli(["check-plugin", str(full), "--full"])
+    assert code == 0 and set(seen.read_text().split()) == {"7"}, err

@@ -25,6 +25,9 @@ from typing import Any, Mapping
 
 KINDS = ("attack", "defense", "protocol", "model")
 MODALITIES = ("image", "text")
+# What `gleak check-plugin` runs a plugin with where it declares no `conformance_params`: an optimisation's loop
+# parameters cut to a few steps (a 40-line attack at its default 300 iterations took minutes per check).
+QUICK = {"iterations": 2, "restarts": 1, "max_iter": 5, "steps": 2, "epochs": 1}
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,8 @@ class Tags:
         its trials are scored against what entered the gradient.
     shared_model, per_client_models, models_held, observes_sum: (protocol) what the server may do to the clients'
         models and what the observer sees (gleak.mechanics.protocol.Protocol).
-    fast_params: parameters merged over the defaults so that `gleak check-plugin` runs quickly.
+    fast_params: parameters merged over the defaults so that `gleak check-plugin` runs quickly: the plugin's
+        `conformance_params`, else its loop parameters cut to QUICK (`quick_params`).
     """
 
     kind: str
@@ -75,5 +79,17 @@ def get_tags(plugin: Any) -> Tags:
         per_client_models=bool(getattr(plugin, "per_client_models", True)),
         models_held=str(getattr(plugin, "models_held", "") or ""),
         observes_sum=bool(getattr(plugin, "observes_sum", False)),
-        fast_params=dict(getattr(plugin, "conformance_params", {}) or {}),
+        fast_params=dict(getattr(plugin, "conformance_params", {}) or {}) or quick_params(cls),
     )
+
+
+def quick_params(cls: type) -> dict[str, Any]:
+    """The loop parameters of a plugin's __init__ (QUICK's names, whole-number defaults above QUICK's) cut to QUICK."""
+    import inspect
+
+    try:
+        params = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: QUICK[p.name] for p in params if p.name in QUICK and isinstance(p.default, int)
+            and not isinstance(p.default, bool) and p.default > QUICK[p.name]}  # fmt: skip

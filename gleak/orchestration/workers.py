@@ -460,7 +460,7 @@ def usable_cores() -> int:
 
 
 # -- check-plugin in a child process ----------------------------------------------------------------------------
-def _check_main(conn, kind: str, name: str, plugin_file: str | None) -> None:
+def _check_main(conn, kind: str, name: str, plugin_file: str | None, full: bool = False) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     try:
@@ -469,7 +469,10 @@ def _check_main(conn, kind: str, name: str, plugin_file: str | None) -> None:
 
         if plugin_file:
             load_plugin_file(plugin_file)
-        result: Any = [(c.name, c.passed, c.detail) for c in check_plugin(kind, name)]
+        from gleak.contracts.registry import plugin_info
+
+        params = plugin_info(kind, name).defaults() if full else None  # full: the defaults over the quick settings
+        result: Any = [(c.name, c.passed, c.detail) for c in check_plugin(kind, name, params)]
     except BaseException as exc:  # noqa: BLE001 - reported as a failed check, whatever it is
         result = f"the checks raised {_escape_text(exc)}"
     try:
@@ -478,14 +481,14 @@ def _check_main(conn, kind: str, name: str, plugin_file: str | None) -> None:
         conn.send(f"the checks' results could not be sent: {type(exc).__name__}: {exc}")
 
 
-def check_plugin_isolated(kind: str, name: str, plugin_file: str | None, timeout: float) -> list:
+def check_plugin_isolated(kind: str, name: str, plugin_file: str | None, timeout: float, full: bool = False) -> list:
     """gleak.orchestration.conformance.check_plugin in a child process: a plugin that crashes, exits or hangs (past `timeout`
     seconds) is one failed check, never a crash or a hang of check-plugin itself."""
     from gleak.orchestration.conformance import Check
 
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_check_main, args=(child, kind, name, plugin_file), daemon=True, name="gleak-check")
+    proc = ctx.Process(target=_check_main, args=(child, kind, name, plugin_file, full), daemon=True, name="gleak-check")
     with _without_main_file():
         proc.start()
     child.close()
