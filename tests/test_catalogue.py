@@ -47,7 +47,7 @@ def test_gleak_show_read_from_the_source_equals_the_registry_s_for_every_built_i
     """`gleak show KIND NAME` of a built-in from its source (gleak.contracts.plugin_source) prints what the registry-based text
     prints, for every built-in it answers; the ones it leaves to the registry are few and named here."""
     code = ("import json; from gleak.contracts import registry; from gleak.contracts.catalogue import builtin_summaries; "
-            "from gleak.contracts.plugin_source import show_text as src; from gleak.cli import show_text; "
+            "from gleak.contracts.plugin_source import show_text as src; from gleak.plugin_commands import show_text; "
             "out = {f'{k} {n}': src(k, n) for k in registry.KINDS for n in builtin_summaries(k)}; "
             "print(json.dumps([out, {key: show_text(*key.split(' ')) for key in out}]))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -82,7 +82,7 @@ def test_the_gate_grants_what_the_tags_declare(protocol):
 
 
 def test_gleak_show_prints_the_tags():
-    from gleak.cli import show_text
+    from gleak.plugin_commands import show_text
 
     for name in ("fishing", "tag", "closed-form"):
         tags = get_tags(_instance("attack", name))
