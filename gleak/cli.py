@@ -3,11 +3,12 @@
     gleak run [SUITE] [--out DIR] [--workers N] [--plugin FILE]   run a suite (default: suites/quick.toml)
               [--threads T] [--executor local|ray] [--address ADDR]
               [--trial-timeout S] [--in-process] [--force] [--device auto|cpu|cuda[:N]] [--verbose]
+              [--set KEY=VALUE ... --out DIR]                      one setting of the suite changed
     gleak leaderboard DIR                                         regenerate results.csv and the leaderboards
     gleak plot DIR                                                regenerate the figures (DIR/figures/*.png)
     gleak rescore DIR [--metrics lpips,...] [--lpips-backbone F]  recompute metrics from the stored reconstructions
     gleak list [attacks|defenses|models|datasets|suites] [PATTERN]
-    gleak check-plugin NAME_OR_FILE [--kind attack|defense|protocol]
+    gleak check-plugin NAME_OR_FILE [--kind attack|defense|protocol] [--full]
     gleak show attack|defense|protocol|model NAME [--plugin FILE]  a plugin's parameters, defaults, choices, needs, docstring
     gleak compare DIR1 DIR2 [--all]                              per-cell differences of two output folders, with the spread
 
@@ -257,10 +258,7 @@ def _add_workflow_commands(sub) -> None:
     cm.set_defaults(func=cmd_compare)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gleak", description="Benchmark gradient-leakage attacks and defenses.")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_run_parser(sub) -> None:
     r = sub.add_parser("run", help="run a suite and write its leaderboard")
     r.add_argument("suite", nargs="?", help="suite file or shipped suite name (default: quick)")
     r.add_argument("--out", help="output folder (default: results/<suite name>/)")
@@ -287,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides", help="change one "
                    "setting of the suite (repeatable; with --out): seeds=1, case.batch_size=4, attack.iterations=100")  # fmt: skip
     r.set_defaults(func=cmd_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gleak", description="Benchmark gradient-leakage attacks and defenses.")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_run_parser(sub)
 
     lb = sub.add_parser("leaderboard", help="regenerate results.csv and leaderboards of an output folder")
     lb.add_argument("dir")
