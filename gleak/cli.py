@@ -214,7 +214,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     paths = {}
     # The reports under the lock that the rescoring holds: no run writes the folder in between.
     n, cov = rescore_counts(args.dir, metrics, args.lpips_backbone,
-                            then=lambda: paths.update(write_reports(args.dir, locked=True)))  # fmt: skip
+                            then=lambda: paths.update(write_reports(args.dir, locked=True)), checked=True)  # fmt: skip
     print(f"gleak: rescored {', '.join(metrics)} of {n} trials from their stored reconstructions: {coverage_text(n, cov)}",
           file=sys.stderr)  # fmt: skip
     for p in paths.values():

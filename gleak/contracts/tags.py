@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-KINDS = ("attack", "defense", "protocol", "model")
 MODALITIES = ("image", "text")
 # What `gleak check-plugin` runs a plugin with where it declares no `conformance_params`: an optimisation's loop
 # parameters cut to a few steps (a 40-line attack at its default 300 iterations took minutes per check).

@@ -206,14 +206,16 @@ def check_stored_arrays(folder: str | Path) -> None:
         store.close()
 
 
-def rescore_counts(folder: str | Path, metrics: list[str], lpips_weights: str | None = None,
-                   then=None) -> tuple[int, dict[str, tuple[int, str | None]]]:  # fmt: skip
-    """`rescore`, with how many of the rescored trials got each metric and why any did not (`coverage`)."""
+def rescore_counts(folder: str | Path, metrics: list[str], lpips_weights: str | None = None, then=None,
+                   checked: bool = False) -> tuple[int, dict[str, tuple[int, str | None]]]:  # fmt: skip
+    """`rescore`, with how many of the rescored trials got each metric and why any did not (`coverage`). checked:
+    the caller ran `check_stored_arrays` already (`gleak rescore`, before it fetches weights)."""
     from gleak.orchestration.folder_lock import release_lock, take_lock
     from gleak.orchestration.store import Store
 
     folder = Path(folder)
-    check_stored_arrays(folder)  # before the lock is taken: damaged arrays change nothing, not even the lock's holder
+    if not checked:  # before the lock is taken: damaged arrays change nothing, not even the lock's holder
+        check_stored_arrays(folder)
     lock = take_lock(folder, "wait for it to finish, then rescore")
     try:
         store = Store(folder)
