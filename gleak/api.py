@@ -324,11 +324,13 @@ def run(
     plugins: tuple[str, ...] | list[str] = (),
     lpips_weights: str | None = None,
     device: str | None = None,
+    overrides: tuple[str, ...] | list[str] = (),
 ) -> RunResult:
     """Run a suite as `gleak run` does (validated first, stored trials skipped, reports written) and return a
     RunResult. suite: a path, a shipped suite's name (default quick) or a gleak.orchestration.suite.Suite; out: the output folder
     (default results/<suite name>/, as on the command line); workers: local processes, or 'auto'; device: as
-    `gleak run --device` (None: the suite's [suite] device, else cpu).
+    `gleak run --device` (None: the suite's [suite] device, else cpu); overrides: "KEY=VALUE" settings changed from
+    the suite file, as `gleak run --set` (a changed suite needs its own `out`).
 
     Raises, before the folder is touched: gleak.InputError (one line naming the argument or the file) for a bad
     argument (threads or workers not a whole number >= 1, an unknown executor, an lpips_weights file that is missing
@@ -354,9 +356,15 @@ def run(
         from gleak.mechanics.device import resolve
 
         device = resolve(device, "gleak.run: device")
+    if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
+        raise InputError(f"gleak.run: overrides must be a list of 'KEY=VALUE' strings, got {overrides!r}")
+    if overrides and (out is None or isinstance(suite, Suite)):
+        raise InputError("gleak.run: overrides change a suite file: name the folder for its results with out "
+                         "(and pass the suite as a file or a shipped suite's name)")  # fmt: skip
     for f in plugins:
         load_plugin_file(f)
-    s = suite if isinstance(suite, Suite) else load_suite(find_suite(None if suite is None else str(suite)))
+    s = suite if isinstance(suite, Suite) else load_suite(find_suite(None if suite is None else str(suite)),
+                                                          overrides=list(overrides))  # fmt: skip
     out = Path(out) if out is not None else Path("results") / s.name
     if workers == "auto":
         workers = max(1, usable_cores() // threads)

@@ -187,3 +187,15 @@ def test_the_checkpoint_example_of_the_models_page_runs_and_case_model_is_the_tr
             torch.save(gleak.case_model(seed=other, **case).state_dict(), tmp_path / "m.pt")
             loaded = gleak.run_trial(attack=attack, seed=seed, model_state=f"file:{tmp_path / 'm.pt'}", **case)
             assert (loaded.metrics["mse"] == plain) is same, (seed, other)
+
+
+def test_run_overrides_need_their_own_folder_and_are_validated_like_the_command_lines(tmp_path):
+    import gleak
+
+    with pytest.raises(gleak.InputError, match="name the folder"):
+        gleak.run("quick", overrides=["seeds=1"], progress=False)
+    with pytest.raises(gleak.InputError, match="KEY=VALUE"):
+        gleak.run("quick", out=tmp_path / "o", overrides="seeds=1", progress=False)
+    with pytest.raises(gleak.InputError, match="nope"):
+        gleak.run("quick", out=tmp_path / "o", overrides=["nope=1"], progress=False)
+    assert not (tmp_path / "o").exists()

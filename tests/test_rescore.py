@@ -194,3 +194,20 @@ def test_a_store_from_before_the_digest_is_upgraded_once_and_then_checked(folder
     skipped = []
     assert len(store.reconstructions(on_mismatch=skipped.append)) == n - 2 and len(skipped) == 2
     store.close()
+
+
+def test_a_version_2_store_gets_registered_psnr_and_iip_columns_and_rescore_fills_them(folder, tmp_path, gleak_cli):
+    """A store from before the registered PSNR and IIP columns: opened by a writer it gains them, empty (never
+    zero); `gleak rescore --metrics rpsnr,iip` fills them from the stored arrays and the victims' split, with the
+    values a fresh run stores."""
+    out = _copy(folder, tmp_path)
+    fresh = pd.read_csv(folder / "results.csv")
+    _edit(out, ("ALTER TABLE trials DROP COLUMN rpsnr", ()), ("ALTER TABLE trials DROP COLUMN iip", ()),
+          ("PRAGMA user_version = 2", ()))  # fmt: skip
+    code, err = gleak_cli(["rescore", str(out), "--metrics", "rpsnr,iip"])
+    assert code == 0, err
+    again = pd.read_csv(out / "results.csv")
+    images = fresh["psnr"].notna()
+    assert images.any() and fresh.loc[images, "iip"].notna().all() and fresh.loc[~images, "iip"].isna().all()
+    for col in ("rpsnr", "iip"):
+        pd.testing.assert_series_equal(fresh[col], again[col], check_exact=False, rtol=1e-9)

@@ -106,11 +106,13 @@ def test_text_scores_of_the_truth_and_of_a_shuffle():
     blind = torch.tensor([1, 1, 1, 1, 1, 1])
     exact = text_scores(truth, torch.nn.functional.one_hot(truth.flip(0), 20).float(), blind, vocab)  # rows swapped
     assert (exact["rouge1"], exact["rouge2"], exact["rougeL"], exact["token_acc"], exact["verdict"]) == (1.0, 1.0, 1.0, 1.0, "recovered")
+    assert exact["bleu"] == pytest.approx(1.0) and exact["blind_bleu"] == 0.0  # BLEU pairs the rows as ROUGE-1 does
     one = text_scores(truth, torch.nn.functional.one_hot(truth[:1], 20).float(), blind, vocab)  # one row of two
     assert one["rouge1"] == 0.5 and one["matched"] == 1 and one["blind_rouge1"] == 0.0
     assert one["token_set_f1"] == pytest.approx(2 * 6 / (12 + 6))
+    assert 0 < one["bleu"] < 1  # the missing row scored by the blind guess, which shares no word
     none = text_scores(truth, None, blind, vocab)
-    assert none["rouge1"] is None and none["verdict"] is None
+    assert none["rouge1"] is None and none["bleu"] is None and none["verdict"] is None
 
 
 def test_the_language_model_trains_by_pretraining_on_next_tokens(tmp_path, monkeypatch):
@@ -148,6 +150,7 @@ def test_a_text_suite_runs_and_its_leaderboard_ranks_the_defenses_by_rouge_with_
     ranking = md[md.index("## Text: defenses ranked"):md.index("## Text: results by case")]
     lines = [ln for ln in ranking.splitlines() if ln.startswith("| 1 ") or ln.startswith("| 2 ")]
     assert "noise" in lines[0] and "none" in lines[1] and "1.000 ± 0.000" in lines[1]  # the token set: F1 1.0
+    assert "| BLEU " in ranking and "sacreBLEU" in ranking  # shown where the trials have it
     shown = md[md.index("## Text: reconstructions beside their truth"):]
     assert "| token-set | B=1 L=16 |" in shown
     assert "partial" in md[md.index("## Text: results by case"):md.index("## Text: reconstructions")]

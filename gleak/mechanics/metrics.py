@@ -31,12 +31,16 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from gleak.mechanics.perceptual import lpips
+from gleak.mechanics.registration import registered_psnr
 from gleak.mechanics.verdicts import trial_verdict
 
 # A reconstruction at PSNR above 40 dB counts as exact (Robbing the Fed reports the share of a batch recovered so).
 EXACT_PSNR = 40.0
 # Per-image PSNR above this is float round-off of an exact recovery (MSE 1e-12); capped so that means stay finite.
 PSNR_CEILING = 120.0
+# An image identified by its nearest neighbour: the neighbour within this L2 distance of it (breaching's fudge; a
+# victim image, normalised for the model and back, is within 1e-5 of its copy in the data set).
+IIP_FUDGE = 1e-3
 
 
 def mse(a: Tensor, b: Tensor) -> Tensor:
@@ -93,6 +97,25 @@ def label_accuracy(y_true: Tensor, y_pred: Tensor | None) -> float | None:
     return float(torch.minimum(t, p).sum()) / float(len(y_true))
 
 
+def identified(rec: Tensor, targets: Tensor, target_y: Tensor, pool_x: Tensor, pool_y: Tensor,
+               fudge: float = IIP_FUDGE) -> Tensor | None:
+    """Image identifiability (Yin et al., CVPR 2021, GradInversion; breaching's `image_identifiability_precision`,
+    its pixel score): for each reconstruction rec[i], its nearest neighbour (L2, in [0, 1] pixels) among the images
+    of `pool_x` whose label is target_y[i]; True where that neighbour is targets[i] (within `fudge`). (N,) bools,
+    or None where a target is not in the pool at all (the question is then undefined)."""
+    out = []
+    for r, t, y in zip(rec.double(), targets.double(), target_y.tolist()):
+        cand = pool_x[pool_y == y].double().flatten(1)
+        if not len(cand):
+            return None
+        own = (cand - t.flatten()).norm(dim=1)
+        if float(own.min()) >= fudge:
+            return None
+        nearest = int((cand - r.flatten()).norm(dim=1).argmin())
+        out.append(bool(own[nearest] < fudge))
+    return torch.tensor(out, dtype=torch.bool)
+
+
 def relative_distance(true: Tensor, sent: Tensor) -> float:
     """||g - g~|| / ||g|| over the flattened update (Xue et al., AAAI 2024, Fig. 1)."""
     true, sent = true.double(), sent.double()
@@ -115,6 +138,7 @@ class Metric:
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("psnr", psnr, True), Metric("mse", mse, False), Metric("ssim", ssim, True), Metric("cosine", cosine, True),
     Metric("lpips", lpips, False), Metric("label_acc", label_accuracy, True),
+    Metric("rpsnr", registered_psnr, True), Metric("iip", identified, True),
 )}  # fmt: skip
 # Aggregate columns are named after their metric: psnr_median, mse_median, psnr_undefended, label_acc_std, ...
 _AGGREGATES = ("_median", "_mean", "_undefended", "_lo", "_hi")
@@ -186,17 +210,27 @@ def score(
     lpips_weights: str | None = None,
     blind: Tensor | None = None,
     rule: str = "margin",
+    search: tuple[Tensor, Tensor] | None = None,
+    targets: Tensor | None = None,
+    registered: bool = True,
 ) -> dict[str, Any]:
     """Score a trial against its whole victim batch (module docstring): reconstructions paired with the images by
     optimal assignment, images without one scored against the blind guess `blind` (1, C, H, W) (None: the batch's
     own mean image, which an attacker could not know: a stand-in for tests only), each metric averaged over the
     batch. Images in [0, 1].
 
-    Returns mse, psnr (per image capped at PSNR_CEILING), ssim, lpips, cosine, label_acc, verdict, matched (images
-    paired with a reconstruction of the attack's), blind (blind_mse, blind_psnr, blind_ssim of the blind guess on
-    this batch) and share_psnr40 (see `exact_share`); None where undefined (label-only attacks have no image
-    metrics)."""
-    out: dict[str, Any] = dict(mse=None, psnr=None, ssim=None, lpips=None, cosine=None, verdict=None, matched=0)
+    Returns mse, psnr (per image capped at PSNR_CEILING), rpsnr (registered PSNR, gleak.mechanics.registration,
+    capped alike), ssim, lpips, cosine, label_acc, iip, verdict, matched (images paired with a reconstruction of the
+    attack's), blind (blind_mse, blind_psnr, blind_ssim of the blind guess on this batch) and share_psnr40 (see
+    `exact_share`); None where undefined (label-only attacks have no image metrics).
+
+    iip: the share of the batch whose paired reconstruction (of the attack's, not a blind guess) identifies it in
+    `search` (the split's images and labels, `identified`); `targets`: the images to identify, row by row with the
+    batch (the untransformed images where a defense transformed them; default the truth). None without `search`,
+    or where the batch's images are not in it. registered=False: rpsnr not computed (None), for a second scoring
+    that does not report it."""
+    out: dict[str, Any] = dict(mse=None, psnr=None, rpsnr=None, ssim=None, lpips=None, cosine=None, iip=None,
+                               verdict=None, matched=0)  # fmt: skip
     out["share_psnr40"] = None
     out["blind"] = {}
     out["label_acc"] = label_accuracy(truth_labels, rec_labels)
@@ -217,6 +251,13 @@ def score(
     out["matched"] = int((ri < len(rec_images)).sum())
     out["mse"] = float(m.mean())
     out["psnr"] = float(psnr(t, r, ceiling=PSNR_CEILING).mean())
+    if registered:
+        out["rpsnr"] = float(registered_psnr(r, t, ceiling=PSNR_CEILING).mean())
+    if search is not None:
+        own = ri < len(rec_images)  # pairs whose reconstruction is the attack's
+        targets = truth_images if targets is None else targets
+        hit = identified(padded[ri[own]], targets[ti[own]], truth_labels[ti[own]], *search)
+        out["iip"] = None if hit is None else float(hit.sum()) / n
     out["share_psnr40"] = exact_share(truth_images, rec_images) if len(rec_images) else 0.0
     out["ssim"] = float(ssim(t, r).mean())
     out["cosine"] = float(cosine(t, r).mean())
@@ -240,7 +281,7 @@ def original_scores(images: Tensor, labels: Tensor, rec_images: Tensor | None, r
     defined): the reconstruction scored against the untransformed `images`, the same way as against the truth."""
     if rec_images is None:
         return {}
-    s = score(images, labels, rec_images, rec_labels, lpips_weights, blind, rule)
+    s = score(images, labels, rec_images, rec_labels, lpips_weights, blind, rule, registered=False)
     return {f"{k}_original": s[k] for k in ORIGINAL_METRICS if s[k] is not None}
 
 

@@ -71,13 +71,14 @@ class ImageModality:
             if rec_y is not None and len(rec_y) == len(rec_images):  # labels row by row: the same rows
                 rec_y = rec_y[rows]
             rec_images = rec_images[rows]
-        scores = score(truth.images(), truth.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict)
+        original = None if sent is None else victim.images()
+        scores = score(truth.images(), truth.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict,
+                       search=(pool.x, pool.y), targets=original)  # identified among the split's images (iip)
         share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
         extra = {**extra_model, **rec.extra} if share is None else {"share_psnr40": share, **extra_model, **rec.extra}
         if everyone is not None:
             extra["observed_share_psnr40"] = everyone
             extra["observed_samples"] = sum(b.size for b in observed)
-        original = None if sent is None else victim.images()
         if original is not None:  # a separate question: how close the reconstruction comes to the untransformed images
             extra.update(original_scores(original, victim.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict))
         if eps is not None:

@@ -24,7 +24,7 @@ from gleak.contracts.errors import InputError
 # What `rescore` can recompute, and the score() outputs each one updates.
 RESCORABLE = {
     "mse": ("mse",), "psnr": ("psnr",), "ssim": ("ssim",), "cosine": ("cosine",), "lpips": ("lpips",),
-    "label_acc": ("label_acc",), "verdict": ("verdict", "matched", "half_mse"),
+    "label_acc": ("label_acc",), "rpsnr": ("rpsnr",), "iip": ("iip",), "verdict": ("verdict", "matched", "half_mse"),
     "blind": ("blind_mse", "blind_psnr", "blind_ssim", "half_mse"), "share_psnr40": ("share_psnr40",),
 }  # fmt: skip
 
@@ -127,11 +127,13 @@ def parse_metrics(text: str | None) -> list[str]:
 
 
 def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[str], lpips_weights: str | None = None,
-                 rule: str = "margin") -> list[tuple[str, dict[str, Any], dict[str, Any]]]:  # fmt: skip
+                 rule: str = "margin", search: Callable[[str], tuple[Tensor, Tensor] | None] | None = None,
+                 ) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:  # fmt: skip
     """For each (trial_id, arrays, stored extra JSON): (trial_id, new column values, new extra) for `metrics`, scored
     against the stored truth (what was sent); where untransformed images are stored too, their `*_original` scores
     in extra as well (gleak.mechanics.metrics.original_scores). The verdict keeps the rule stored with the row (extra
-    verdict_rule); `rule` judges rows stored without one."""
+    verdict_rule); `rule` judges rows stored without one. search(trial_id): the images and labels of the split the
+    trial's victims came from, for iip (None: iip stays empty)."""
     from gleak.mechanics.metrics import ORIGINAL_METRICS, original_scores, score
 
     keys = {k for m in metrics for k in RESCORABLE[m]}
@@ -140,7 +142,9 @@ def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[s
         a = unpack(blob, trial_id)
         extra = json.loads(extra_js) if extra_js else {}
         row_rule = extra.get("verdict_rule") or rule
-        s = score(a["truth"], a["truth_y"], a["rec"], a["rec_y"], lpips_weights, a["blind"], row_rule)
+        pool = search(trial_id) if search is not None and "iip" in keys else None
+        s = score(a["truth"], a["truth_y"], a["rec"], a["rec_y"], lpips_weights, a["blind"], row_rule, search=pool,
+                  targets=a["original"], registered="rpsnr" in keys)  # fmt: skip
         flat = {**s, **s.pop("blind")}
         cols = {}
         for k in keys:
@@ -156,6 +160,35 @@ def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[s
                           if m in keys and f"{m}_original" in again})  # fmt: skip
         out.append((trial_id, cols, extra))
     return out
+
+
+def victims_of(store: Any) -> Callable[[str], tuple[Tensor, Tensor] | None]:
+    """trial_id -> the images and labels of the split its victims were drawn from, loaded once per data set and
+    split (gleak.orchestration.trial.victims_split); None where the data set cannot be loaded here (its iip stays
+    empty, the rest is rescored)."""
+    from gleak.contracts.config import TrialConfig
+    from gleak.orchestration.trial import load_case_data, victims_split
+
+    configs = store.configs()
+    loaded: dict[str, tuple[Tensor, Tensor] | None] = {}
+
+    def search(trial_id: str) -> tuple[Tensor, Tensor] | None:
+        text = configs.get(trial_id)
+        if text is None:
+            return None
+        cfg = TrialConfig.from_json(text)
+        split = victims_split(cfg)
+        c = cfg.case
+        key = json.dumps([c.dataset, c.data_root, c.resolution, c.channels, split])
+        if key not in loaded:
+            try:
+                ds = load_case_data(cfg, split)
+                loaded[key] = (ds.x, ds.y)
+            except InputError:
+                loaded[key] = None
+        return loaded[key]
+
+    return search
 
 
 def rescore(folder: str | Path, metrics: list[str], lpips_weights: str | None = None, then=None) -> int:
@@ -221,7 +254,7 @@ def rescore_counts(folder: str | Path, metrics: list[str], lpips_weights: str | 
         store = Store(folder)
         try:
             rule = store.verdict_rule()
-            rows = rescore_rows(store.reconstructions(), metrics, lpips_weights, rule)
+            rows = rescore_rows(store.reconstructions(), metrics, lpips_weights, rule, victims_of(store))
             store.update_scores(rows)
         finally:
             store.close()

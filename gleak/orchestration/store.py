@@ -38,19 +38,21 @@ DONE = ("ok", NOT_APPLICABLE)  # statuses a rerun does not recompute
 STATUSES = (*DONE, "failed")  # every status a trial is stored with
 APPLICATION_ID = 0x474C4B31  # "GLK1" in SQLite's header: this file is a gleak results store
 # user_version; a newer one is refused (written by a newer gleak). 2: a reconstruction's arrays carry a digest that
-# binds them to their trial (`arrays_digest`); a version-1 store is brought up to 2 when a writer opens it.
-SCHEMA_VERSION = 2
+# binds them to their trial (`arrays_digest`). 3: registered PSNR and IIP columns. An older store is brought up to
+# this version when a writer opens it (`Store._upgrade`).
+SCHEMA_VERSION = 3
 _IMAGE_NAME = re.compile(r"^[0-9A-Za-z_-]{1,64}\.png$")
 
 # Contract columns of results.csv first (DESIGN.md), then gleak's own.
 CSV_COLUMNS = [
     "suite", "trial_id", "attack", "attack_params", "defense", "defense_params", "model", "dataset", "batch_size",
     "seed", "status", "mse", "psnr", "ssim", "lpips", "label_acc", "verdict", "seconds", "error",
-    "cosine", "grad_dist", "matched", "image", "extra", "case", "threat_model",
+    "cosine", "grad_dist", "matched", "image", "extra", "case", "threat_model", "rpsnr", "iip",
 ]  # fmt: skip
 METRIC_COLUMNS = {
     "mse": "REAL", "psnr": "REAL", "ssim": "REAL", "lpips": "REAL", "cosine": "REAL", "label_acc": "REAL",
     "grad_dist": "REAL", "matched": "INTEGER", "verdict": "TEXT", "image": "TEXT", "extra": "TEXT",
+    "rpsnr": "REAL", "iip": "REAL",
 }  # fmt: skip
 
 _SCHEMA = f"""
@@ -227,9 +229,14 @@ class Store:
 
     def _upgrade(self) -> None:
         """Bring a store of an earlier version to this one, in one transaction: version 1 kept arrays without a
-        digest, so each is stamped with its trial's now (trusted as stored then, as every row of that version was)."""
+        digest, so each is stamped with its trial's now (trusted as stored then, as every row of that version was);
+        version 2 had no registered PSNR and IIP columns (added empty: `gleak rescore` fills them)."""
         with self.db:
             self.db.execute("BEGIN")
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(trials)")}
+            for col, kind in METRIC_COLUMNS.items():
+                if col not in have:
+                    self.db.execute(f'ALTER TABLE trials ADD COLUMN "{col}" {kind}')
             cols = {r[1] for r in self.db.execute("PRAGMA table_info(reconstructions)")}
             if "digest" not in cols:
                 self.db.execute("ALTER TABLE reconstructions ADD COLUMN digest TEXT")
@@ -451,6 +458,10 @@ class Store:
         """The trials whose row names a reconstruction PNG, whether or not that name is usable now (`frame` drops a
         name whose file is a link): a figure draws those from their stored arrays instead."""
         return {r[0] for r in self.db.execute("SELECT trial_id FROM trials WHERE image IS NOT NULL")}
+
+    def configs(self) -> dict[str, str]:
+        """trial_id -> its stored config (JSON text, gleak.contracts.config.TrialConfig.from_json)."""
+        return dict(self.db.execute("SELECT trial_id, config FROM trials WHERE config IS NOT NULL").fetchall())
 
     def reconstructions(self, trial_ids: Iterable[str] | None = None,
                         on_mismatch: Callable[[str], None] | None = None) -> list[tuple[str, bytes, str | None]]:  # fmt: skip

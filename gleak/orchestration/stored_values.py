@@ -22,7 +22,7 @@ CONFIG_KEYS = ("suite", "attack", "attack_params", "defense", "defense_params", 
 # The metric columns and the closed range of each (PSNR may be +inf in stores written before the ceiling).
 RANGES = {"mse": (0.0, math.inf), "psnr": (0.0, math.inf), "ssim": (-1.0, 1.0), "cosine": (-1.0, 1.0),
           "lpips": (0.0, math.inf), "label_acc": (0.0, 1.0), "grad_dist": (0.0, math.inf), "seconds": (0.0, math.inf),
-          "matched": (0, math.inf)}  # fmt: skip
+          "matched": (0, math.inf), "rpsnr": (0.0, math.inf), "iip": (0.0, 1.0)}  # fmt: skip
 SLACK = 1e-9  # float round-off at a bound (a cosine of 1.0000000000000004 is stored)
 STATUSES = ("ok", "failed", "not-applicable")
 VERDICTS = (None, "recovered", "partial", "defended")
@@ -69,7 +69,7 @@ def row_problem(row: dict[str, Any]) -> str | None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             return f"column {col} holds {type(v).__name__} {str(v)[:20]!r}, not a number"
-        if math.isnan(v) or not lo - SLACK <= v <= hi + SLACK or (math.isinf(v) and col != "psnr"):
+        if math.isnan(v) or not lo - SLACK <= v <= hi + SLACK or (math.isinf(v) and col not in ("psnr", "rpsnr")):
             return f"column {col} = {v!r} is impossible (outside [{lo}, {hi}])"
     if row.get("verdict") not in VERDICTS:
         return f"column verdict = {str(row.get('verdict'))[:20]!r} is not one of recovered, partial, defended"

@@ -58,6 +58,13 @@ def load_case_data(cfg: TrialConfig, split: str = "train") -> ImageDataset:
     return modality_of(cfg.case).load(cfg.case, split)
 
 
+def victims_split(cfg: TrialConfig) -> str:
+    """The split the clients' batches come from. A trained model is attacked on images it never trained on
+    (Geiping et al. attack validation images): the test split, and public data for the attacker from the training
+    split; an untrained model, the training split."""
+    return "test" if cfg.case.model_state == "trained" else "train"
+
+
 def draw_batches(ds: ImageDataset, cfg: TrialConfig, dtype: torch.dtype, purpose: str = "data") -> list[ClientBatch]:
     """The victim's batch (first) and one batch for each other client, all from the trial's data stream."""
     gen = generator(cfg.seed, purpose)
@@ -130,9 +137,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     stay on the CPU."""
     dtype = DTYPES[cfg.case.dtype]
     ds = load_case_data(cfg)
-    # A trained model is attacked on images it never trained on (Geiping et al. attack validation images): the
-    # clients' batches come from the test split, and public data for the attacker from the training split.
-    held_out = cfg.case.model_state == "trained"
+    held_out = victims_split(cfg) == "test"
     pool = load_case_data(cfg, "test") if held_out else ds
     batches = draw_batches(pool, cfg, dtype)
     victim = batches[0]

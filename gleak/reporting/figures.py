@@ -279,7 +279,8 @@ STRENGTH_METRICS = [("psnr", "PSNR (dB), worst case", False), ("ssim", "SSIM", F
 
 def _metric_panel(ax, lines, key: str, label: str, logy: bool, baselines) -> bool:
     """One metric against the defense parameter, a colour per attack and a line style per group, the spread over
-    seeds as error bars and the undefended value dotted; returns whether a point was drawn at the PSNR/MSE cap."""
+    seeds as error bars and the undefended value dotted; returns whether a point or the undefended line was drawn at
+    the PSNR/MSE bound (each such point a triangle, such a line labelled with its value where it is drawn)."""
     attacks, groups, clipped_any = list(dict.fromkeys(lines["attack"])), list(dict.fromkeys(lines["group"])), False
     for a_i, attack in enumerate(attacks):
         color = ATTACK_COLORS[a_i % len(ATTACK_COLORS)]
@@ -301,7 +302,15 @@ def _metric_panel(ax, lines, key: str, label: str, logy: bool, baselines) -> boo
                 clipped_any = True
         base = baselines.get(key, {}).get(attack)
         if base is not None:
-            ax.axhline(_clip([base], key)[0][0], color=color, linestyle=(0, (1, 2)), linewidth=1, alpha=0.8)
+            (edge,), (cut,) = _clip([base], key)
+            ax.axhline(edge, color=color, linestyle=(0, (1, 2)), linewidth=1, alpha=0.8)
+            if cut:  # said where it is drawn, not only in the title: the dotted line is not the value
+                said = (f"no defense: {base:.0f} dB, drawn at {PSNR_CAP:.0f}" if key == "psnr"
+                        else f"no defense: MSE {base:.0e}, drawn at {MSE_FLOOR:.0e}")  # fmt: skip
+                ax.annotate(said, (0.98, edge), xycoords=("axes fraction", "data"), ha="right",
+                            va="top" if key == "psnr" else "bottom", fontsize=6.5, color=color,
+                            xytext=(0, -2 if key == "psnr" else 2), textcoords="offset points")  # fmt: skip
+                clipped_any = True
     if logy:
         ax.set_yscale("log")
     if key in ("ssim", "label_acc", "rouge1"):
@@ -367,7 +376,8 @@ def strength_figure(lines, accuracy, baselines, xkey: str, path: Path, title: st
         width = max(len(lab) for lab in seen) + 6
         ncol = max(1, min(4, len(seen), int(fig.get_figwidth() * 14 / width)))
         fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
-    note = f"; triangles: PSNR above {PSNR_CAP:.0f} dB (visually exact) drawn at {PSNR_CAP:.0f}" if any(clipped) else ""
+    note = (f"; PSNR above {PSNR_CAP:.0f} dB and MSE below {MSE_FLOOR:.0e} (visually exact) drawn at those bounds, "
+            "points there as triangles" if any(clipped) else "")  # fmt: skip
     fig.suptitle(f"{title}  (dotted: no defense{note})", fontsize=10)
     return save_figure(fig, path)
 
@@ -401,7 +411,7 @@ def _clusters(xs: list[float], ys: list[float], dx: float, dy: float) -> list[li
 def frontier_figure(points, path: Path, title: str, baseline_accuracy: float | None = None) -> Path:
     """The privacy-utility frontier: worst-case attack PSNR (lower is more private) against test accuracy, one point
     per defense configuration, the Pareto front marked. `points`: DataFrame with label, accuracy, psnr. Points are
-    numbered (coinciding points share one label) and the key beside the plot names each configuration."""
+    numbered (coinciding points share one label) and the key under the plot names each configuration."""
     import textwrap
 
     pts = points[points["accuracy"].notna() & points["psnr"].notna()].reset_index(drop=True)
@@ -410,17 +420,21 @@ def frontier_figure(points, path: Path, title: str, baseline_accuracy: float | N
     raw = [float(p) for p in pts["psnr"]]
     ys, clipped = _clip(raw, "psnr")
     front = pareto_front(list(zip(acc, raw)))
-    lines = []
+    entries = []
     for i, label in enumerate(labels):
         mark = "*" if i in front else " "
-        wrapped = textwrap.wrap(label, 56, break_on_hyphens=False) or [""]
-        lines.append(f"{i + 1:>2}{mark} {wrapped[0]}")
-        lines += [f"    {w}" for w in wrapped[1:]]
-    # The plot keeps its own height; a long key (many configurations) makes the figure taller, not the plot flatter.
-    plot_h, key_h = 4.6, 0.9 + 0.14 * (len(lines) + 1)  # 6.8 pt monospace lines, as drawn
-    fig = _figure(12.0, max(plot_h + 1.0, key_h))
-    grid = fig.add_gridspec(2, 2, width_ratios=[2.0, 1.0], height_ratios=[plot_h, max(key_h - plot_h - 1.0, 0.01)])
-    ax, key_ax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[:, 1])
+        wrapped = textwrap.wrap(label, 72, break_on_hyphens=False) or [""]
+        entries.append([f"{i + 1:>2}{mark} {wrapped[0]}"] + [f"    {w}" for w in wrapped[1:]])
+    # The key sits under the plot in two columns (the plot keeps the figure's width), an entry never split between
+    # them; a long key makes the figure taller, not the plot flatter.
+    total = sum(len(e) for e in entries)
+    cols: list[list[str]] = [[], []]
+    for e in entries:
+        cols[0 if len(cols[0]) + len(e) <= (total + 1) // 2 and not cols[1] else 1].extend(e)
+    plot_h, key_h = 4.6, 0.115 * (max(len(cols[0]), len(cols[1])) + 1)  # 6.8 pt monospace lines, as drawn
+    fig = _figure(11.0, plot_h + 1.2 + key_h)  # the plot's labels and legend take about 1.2 in of their own
+    grid = fig.add_gridspec(2, 1, height_ratios=[plot_h, key_h])
+    ax, key_ax = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
     plain = [i for i in range(len(pts)) if not clipped[i]]
     high = [i for i in range(len(pts)) if clipped[i]]
     ax.scatter([acc[i] for i in plain], [ys[i] for i in plain], s=28, color="#888888", zorder=2, label="defense configuration")
@@ -453,31 +467,60 @@ def frontier_figure(points, path: Path, title: str, baseline_accuracy: float | N
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7.5, loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False, ncol=2)
     key_ax.axis("off")
-    key_ax.text(0.0, 1.0, "key (* on the Pareto front)\n" + "\n".join(lines), va="top", ha="left", family="monospace",
+    key_ax.text(0.0, 1.0, "key (* on the Pareto front)\n" + "\n".join(cols[0]), va="top", ha="left", family="monospace",
                 fontsize=6.8, transform=key_ax.transAxes)  # fmt: skip
+    key_ax.text(0.5, 1.0, "\n" + "\n".join(cols[1]), va="top", ha="left", family="monospace", fontsize=6.8,
+                transform=key_ax.transAxes)  # fmt: skip
     fig.suptitle(title, fontsize=10)
     return save_figure(fig, path)
 
 
+def _shared_terms(labels: list[str]) -> tuple[list[str], list[str]]:
+    """(the "key=value" terms every label shares, each label without them): a panel's title names what its lines
+    share, its key only what tells them apart."""
+    terms = [[t.strip() for t in lab.replace(" ", ", ", 1).split(", ")] if " " in lab else [lab] for lab in labels]
+    shared = [t for t in terms[0] if all(t in ts for ts in terms[1:])] if len(terms) > 1 else terms[0][:1]
+    rest = [", ".join(t for t in ts if t not in shared) or ts[0] for ts in terms]
+    return shared, rest
+
+
 @plain_text
-def curves_figure(curves: list[tuple[str, list[list[float]]]], path: Path, title: str) -> Path:
-    """Test accuracy against round, one line per utility run (to see that the baseline converged)."""
+def curves_figure(curves: list[tuple[str, str, list[list[float]]]], path: Path, title: str) -> Path:
+    """Test accuracy against round for each utility run (to see that the baseline converged): one panel per defense
+    and setting (runs that differ only in their last parameter share one), the undefended run in black in each,
+    distinct colours within a panel (a line style more past 10). `curves`: (defense, label, points)."""
     import textwrap
 
     from matplotlib import colormaps
 
-    fig = _figure(12.0, max(4.6, 0.2 * len(curves) + 1.0))
-    ax = fig.subplots()
-    palette = colormaps["tab20"].colors
-    for i, (label, pts) in enumerate(curves):
-        if pts:
-            base = label == "none"
-            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], LINE_STYLES[(i // 20) % len(LINE_STYLES)],
-                    color="black" if base else palette[i % 20], linewidth=2.0 if base else 1.1, zorder=3 if base else 2,
-                    label=textwrap.fill(label, 60, break_on_hyphens=False))  # fmt: skip
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
-    ax.grid(True, alpha=0.3)
-    fig.legend(fontsize=7, loc="outside right upper", frameon=False)
-    fig.suptitle(title, fontsize=10)
+    base = [pts for d, _, pts in curves if d == "none" and pts]
+    # A panel per defense and setting: runs that differ in more than their last parameter (Gaussian or Laplace
+    # noise, a fixed sigma or a DP target) get panels of their own, so that no panel holds a dozen lines.
+    panel_of = [(d, lab.rsplit(", ", 1)[0] if ", " in lab else d) for d, lab, _ in curves]
+    families = list(dict.fromkeys(k for k, (d, _, pts) in zip(panel_of, curves) if d != "none" and pts))
+    if not families:
+        families = [("none", "none")]
+    ncol = min(4, len(families))
+    nrow = -(-len(families) // ncol)
+    fig = _figure(4.4 * ncol + 0.4, 3.9 * nrow + 0.6)
+    axes = fig.subplots(nrow, ncol, squeeze=False, sharey=True)
+    palette = colormaps["tab10"].colors
+    for ax, fam in zip(axes.flat, families):
+        mine = [(lab, pts) for k, (_, lab, pts) in zip(panel_of, curves) if k == fam and pts]
+        shared, short = _shared_terms([lab for lab, _ in mine])
+        for i, ((_, pts), lab) in enumerate(zip(mine, short)):
+            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], LINE_STYLES[(i // 10) % len(LINE_STYLES)],
+                    color=palette[i % 10], linewidth=1.2, label=textwrap.fill(lab, 44, break_on_hyphens=False))  # fmt: skip
+        if base and fam[0] != "none":
+            ax.plot([p[0] for p in base[0]], [100 * p[1] for p in base[0]], color="black", linewidth=2.0, zorder=3,
+                    label="no defense")  # fmt: skip
+        ax.set_title(textwrap.fill(", ".join(shared), 60, break_on_hyphens=False), fontsize=8.5)
+        ax.set_xlabel("round")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6.5, loc="best", frameon=True, framealpha=0.85)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy (%)")
+    for ax in list(axes.flat)[len(families):]:
+        ax.axis("off")
+    fig.suptitle(title + "  (one panel per defense; black: no defense)", fontsize=10)
     return save_figure(fig, path)

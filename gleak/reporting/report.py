@@ -106,7 +106,8 @@ def _load_committed(folder: Path) -> dict[str, Any]:
             df[c] = None
     df = tables.unquoted(df.astype(object).where(df.notna(), None))  # the text as stored (a formula-like cell quoted)
     df = with_threat_models(df)
-    for c in ("mse", "psnr", "ssim", "lpips", "label_acc", "cosine", "grad_dist", "seconds", "matched", "batch_size", "seed"):
+    for c in ("mse", "psnr", "ssim", "lpips", "label_acc", "cosine", "grad_dist", "seconds", "matched", "batch_size", "seed",
+              "rpsnr", "iip"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     utility = tables.unquoted(pd.read_csv(folder / "utility.csv")) if (folder / "utility.csv").is_file() else None
     cfg = meta.get("utility_config")
@@ -214,8 +215,9 @@ def _strength_figures(agg: pd.DataFrame, utility: pd.DataFrame | None, fig_dir: 
         what = ("median PSNR and MSE, mean SSIM, LPIPS and label accuracy" if set(drew) - {"rouge1"} else "")
         if "rouge1" in drew:
             what += ("; " if what else "") + "text trials: mean ROUGE-1"
+        accuracy = " and the test accuracy" if accs else ""  # the caption names only the panels drawn
         add(drawn, f"{data(name)}: the best attack result (worst case over cases; {what}; bars: ± one standard "
-                   f"deviation over seeds) and the test accuracy against {data(key)}, one line per attack." if what else
+                   f"deviation over seeds){accuracy} against {data(key)}, one line per attack." if what else
                    f"{data(name)}: the test accuracy against {data(key)}.")  # fmt: skip
 
 
@@ -230,9 +232,9 @@ def _frontier_figures(dr: pd.DataFrame, utility: pd.DataFrame | None, fig_dir: P
         add(fg.frontier_figure(pts, fig_dir / "frontier.png", "Privacy-utility frontier: worst-case attack PSNR against test accuracy", base_acc),
             "Privacy-utility frontier: each defense configuration's worst-case attack PSNR (median; bars: ± one "
             "standard deviation over seeds) against its test accuracy; the Pareto front in red.")  # fmt: skip
-        curves = [(defense_label(u["defense"], u["defense_params"], vd), json.loads(u["extra"] or "{}").get("curve", []))
-                  for _, u in utility.iterrows()]  # fmt: skip
-        if any(c for _, c in curves):
+        curves = [(u["defense"], defense_label(u["defense"], u["defense_params"], vd),
+                   json.loads(u["extra"] or "{}").get("curve", [])) for _, u in utility.iterrows()]  # fmt: skip
+        if any(c for _, _, c in curves):
             add(fg.curves_figure(curves, fig_dir / "utility_curves.png", "Test accuracy during federated training"),
                 "Test accuracy against round for each utility run (is the baseline converged?).")
 

@@ -6,7 +6,8 @@ scores over the vocabulary; the token it reads is the argmax. Scoring rules (the
 - Whole batch: every sequence of the victim's batch is scored; reconstructed rows are paired with the sequences by
   optimal assignment on ROUGE-1 F; a sequence left without a row is scored against the blind guess.
 - ROUGE-1, ROUGE-2, ROUGE-L F-measures (Lin, ACL Workshop 2004; the `rouge-score` package) on the token strings,
-  and token accuracy (the share of positions whose token is the truth's), each averaged over the batch.
+  and token accuracy (the share of positions whose token is the truth's), each averaged over the batch; BLEU (corpus
+  BLEU over the paired sequences, as sacreBLEU computes it: `bleu`).
 - Token-set F1: the set of tokens of the whole reconstruction against the set of tokens of the whole batch
   (padding excluded): what the embedding gradient's non-zero rows reveal, in any order.
 - Blind guess: the L most frequent tokens of the training split, most frequent first (the guess that needs no
@@ -22,6 +23,7 @@ scores over the vocabulary; the token it reads is the argmax. Scoring rules (the
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import Any
 
@@ -61,6 +63,42 @@ def rouge(truth: list[str], guess: list[str]) -> dict[str, float]:
     return {k: float(s[k].fmeasure) for k in ROUGE_KEYS}
 
 
+BLEU_ORDER = 4
+
+
+def bleu(truths: list[list[str]], guesses: list[list[str]]) -> float:
+    """Corpus BLEU in [0, 1] of paired token lists (Papineni et al., ACL 2002), computed as sacreBLEU computes it
+    (Post, WMT 2018; `sacrebleu.corpus_bleu(guesses, [truths], tokenize="none")` / 100, which breaching reports as
+    S-BLEU): clipped 1- to 4-gram precisions pooled over the pairs, their geometric mean, the brevity penalty, and
+    sacreBLEU's default "exp" smoothing (an order with no match counts 1 / (2^k * total), k counting such orders;
+    no unigram in common scores 0).
+    Our tokens hold no space, so no further tokenisation applies."""
+    from collections import Counter
+
+    correct, total = [0] * BLEU_ORDER, [0] * BLEU_ORDER
+    sys_len = ref_len = 0
+    for t, g in zip(truths, guesses):
+        sys_len, ref_len = sys_len + len(g), ref_len + len(t)
+        for n in range(1, BLEU_ORDER + 1):
+            gn = Counter(tuple(g[i : i + n]) for i in range(len(g) - n + 1))
+            tn = Counter(tuple(t[i : i + n]) for i in range(len(t) - n + 1))
+            correct[n - 1] += sum(min(c, tn[k]) for k, c in gn.items())
+            total[n - 1] += max(0, len(g) - n + 1)
+    if sys_len == 0 or correct[0] == 0:  # no word in common: 0, as sacreBLEU stops early
+        return 0.0
+    logs, smooth = [], 1.0
+    for c, tot in zip(correct, total):
+        if tot == 0:
+            return 0.0  # a hypothesis too short for this order: sacreBLEU's log(0)
+        if c == 0:
+            smooth *= 2
+            logs.append(math.log(1.0 / (smooth * tot)))
+        else:
+            logs.append(math.log(c / tot))
+    bp = 1.0 if sys_len >= ref_len else math.exp(1 - ref_len / sys_len)
+    return bp * math.exp(sum(logs) / BLEU_ORDER)
+
+
 def read_tokens(rec: Tensor) -> Tensor:
     """The token ids a reconstruction (n, L, V) reads: each position's argmax."""
     return rec.argmax(-1)
@@ -80,23 +118,27 @@ def token_set_f1(truth: Tensor, guess: Tensor) -> float:
     return 0.0 if not hit else 2 * hit / (len(t) + len(g))
 
 
+def _words(ids: Tensor, vocab: list[str] | tuple[str, ...]) -> list[str]:
+    return [vocab[int(i)] for i in ids if int(i) != PAD_ID]
+
+
 def _one(truth: Tensor, guess: Tensor, vocab: list[str] | tuple[str, ...]) -> dict[str, float]:
-    words = lambda ids: [vocab[int(i)] for i in ids if int(i) != PAD_ID]  # noqa: E731
-    out = rouge(words(truth), words(guess))
+    out = rouge(_words(truth, vocab), _words(guess, vocab))
     out["token_acc"] = token_accuracy(truth, guess)
     return out
 
 
 def text_scores(truth: Tensor, rec: Tensor | None, blind: Tensor, vocab: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """Score a reconstruction (n, L, V) of the batch `truth` (B, L) token ids against the blind guess `blind` (L,)
-    (module docstring). Returns rouge1, rouge2, rougeL, token_acc, token_set_f1, verdict, matched, text (the first
-    sequence's reconstruction, as tokens, for the leaderboard), and blind_* (the blind guess's scores); the
-    metrics None where the attack returned no sequence (rec None)."""
+    (module docstring). Returns rouge1, rouge2, rougeL, token_acc, bleu, token_set_f1, verdict, matched, text (the
+    first sequence's reconstruction, as tokens, for the leaderboard), and blind_* (the blind guess's scores,
+    blind_bleu among them); the metrics None where the attack returned no sequence (rec None)."""
     b = len(truth)
     blind_scores = [_one(t, blind, vocab) for t in truth]
     out: dict[str, Any] = {f"blind_{k}": float(np.mean([s[k] for s in blind_scores])) for k in (*ROUGE_KEYS, "token_acc")}
+    out["blind_bleu"] = bleu([_words(t, vocab) for t in truth], [_words(blind, vocab)] * b)
     if rec is None:
-        return {**dict.fromkeys((*ROUGE_KEYS, "token_acc", "token_set_f1")), "verdict": None, "matched": 0, **out}
+        return {**dict.fromkeys((*ROUGE_KEYS, "token_acc", "token_set_f1", "bleu")), "verdict": None, "matched": 0, **out}
     ids = read_tokens(rec)
     rows = [*ids, *[blind] * max(0, b - len(ids))]  # the blind guess fills in for a missing row
     table = [[_one(t, r, vocab) for r in rows] for t in truth]
@@ -104,6 +146,7 @@ def text_scores(truth: Tensor, rec: Tensor | None, blind: Tensor, vocab: list[st
     picked = [table[i][j] for i, j in zip(ti, ri)]
     for k in (*ROUGE_KEYS, "token_acc"):
         out[k] = float(np.mean([s[k] for s in picked]))
+    out["bleu"] = bleu([_words(truth[i], vocab) for i in ti], [_words(rows[j], vocab) for j in ri])
     out["token_set_f1"] = token_set_f1(truth, ids)
     out["matched"] = int((ri < len(ids)).sum())
     out["verdict"] = text_verdict(out["rouge1"], out["rougeL"], out["blind_rouge1"])

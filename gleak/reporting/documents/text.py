@@ -13,8 +13,8 @@ from gleak.mechanics.verdicts import PARTIAL_MARGIN, PARTIAL_ROUGE_1, RECOVERED_
 from gleak.reporting.aggregate import as_float, median_verdict
 from gleak.reporting.documents.cells import accuracy_change, attack_label, fmt, params_text
 
-METRICS = ("rouge1", "rouge2", "rougeL", "token_acc", "token_set_f1", "blind_rouge1")
-HEADS = ("ROUGE-1", "ROUGE-2", "ROUGE-L", "token acc", "token-set F1", "blind ROUGE-1")
+METRICS = ("rouge1", "rouge2", "rougeL", "token_acc", "bleu", "token_set_f1", "blind_rouge1")
+HEADS = dict(zip(METRICS, ("ROUGE-1", "ROUGE-2", "ROUGE-L", "token acc", "BLEU", "token-set F1", "blind ROUGE-1")))
 
 
 def text_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -78,11 +78,17 @@ def text_blocks(df: pd.DataFrame, vd: dict | None = None, va: dict | None = None
         return params_text(r["defense_params"], "defense", r["defense"], vd.get(r["defense"]))
 
     agg = _groups(t)
+    # A metric no trial has (BLEU in results scored before gleak computed it) is left out rather than shown empty.
+    shown_metrics = [m for m in METRICS if agg[m].notna().any()]
+    heads = [HEADS[m] for m in shown_metrics]
     doc: list[tuple] = [("h2", "Text: defenses ranked by their worst case over the text attacks")]
     doc.append(("p",
         "Text trials are scored on the token strings of each victim sequence (reconstructed rows paired with the "
         "sequences by optimal assignment): ROUGE-1, ROUGE-2 and ROUGE-L F-measures (Lin, ACL Workshop 2004; the "
-        "rouge-score package), token accuracy (the share of positions holding the true token) and the token-set F1 "
+        "rouge-score package), token accuracy (the share of positions holding the true token)"
+        + (", corpus BLEU over the paired sequences (Papineni et al., ACL 2002, as sacreBLEU computes it)"
+           if "bleu" in shown_metrics else "")
+        + " and the token-set F1 "
         "(the batch's set of tokens, in any order). The blind guess is the sequence of the training split's most "
         "frequent tokens. Verdict: recovered where ROUGE-L >= "
         f"{RECOVERED_ROUGE_L:g} (the text in its order); partial where ROUGE-1 >= {PARTIAL_ROUGE_1:g} and at least "
@@ -102,11 +108,11 @@ def text_blocks(df: pd.DataFrame, vd: dict | None = None, va: dict | None = None
         rank = rank if val == prev else i
         prev = val
         row = [str(rank), r["defense"], d_params(r), attack_label(r["attack"], r["attack_params"], va),
-               f"B={r['batch_size']} L={r['seq_len']}", *[_ms(r, m) for m in METRICS], r["verdict"] or ""]  # fmt: skip
+               f"B={r['batch_size']} L={r['seq_len']}", *[_ms(r, m) for m in shown_metrics], r["verdict"] or ""]  # fmt: skip
         if accuracy is not None:
             row += accuracy.get((r["defense"], r["defense_params"]), ["", "", ""])
         rank_rows.append(row)
-    head = ["rank", "defense", "params", "worst attack", "its case", *HEADS, "verdict"]
+    head = ["rank", "defense", "params", "worst attack", "its case", *heads, "verdict"]
     if accuracy is not None:
         head += ["accuracy", "change (points)", "epsilon"]
     doc.append(("table", head, rank_rows))
@@ -115,8 +121,8 @@ def text_blocks(df: pd.DataFrame, vd: dict | None = None, va: dict | None = None
     for key, g in agg.groupby(["dataset", "model", "batch_size", "seq_len"], sort=False):
         doc.append(("h3", f"dataset={key[0]} model={key[1]} batch size={key[2]} sequence length={key[3]}"))
         rows = [[r["defense"], d_params(r), r["attack"], params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
-                 str(r["trials"]), *[_ms(r, m) for m in METRICS], r["verdict"] or ""] for r in g.to_dict("records")]  # fmt: skip
-        doc.append(("table", ["defense", "params", "attack", "attack params", "trials", *HEADS, "verdict"], rows))
+                 str(r["trials"]), *[_ms(r, m) for m in shown_metrics], r["verdict"] or ""] for r in g.to_dict("records")]  # fmt: skip
+        doc.append(("table", ["defense", "params", "attack", "attack params", "trials", *heads, "verdict"], rows))
 
     doc.append(("h2", "Text: reconstructions beside their truth"))
     doc.append(("p", "Undefended, the first sequence of each attack's trial of the lowest seed in each case."))
