@@ -2,8 +2,8 @@
 # # gleak from Python: one attack, one defense, a small suite, the frontier
 #
 # A percent-format script: run it as `python examples/walkthrough.py`, or open `examples/walkthrough.ipynb`, the
-# same cells as a notebook (generated from this file: `jupytext --to notebook examples/walkthrough.py`; VS Code,
-# PyCharm and Spyder also run the `# %%` cells of this file). It writes into
+# same cells as a notebook with their outputs stored (generated from this file and executed by
+# `python examples/execute_walkthrough.py`; VS Code, PyCharm and Spyder also run the `# %%` cells of this file). It writes into
 # `$GLEAK_EXAMPLE_OUT` (default `walkthrough-out/` in the current folder) and takes about half a minute on one core.
 # tests/test_examples.py runs it, so it cannot rot.
 

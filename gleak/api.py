@@ -61,8 +61,9 @@ class TrialResult:
 
     @property
     def metrics(self) -> dict[str, Any]:
-        """mse, psnr, ssim, lpips, cosine, label_acc, verdict, matched, grad_dist (None where undefined)."""
-        keys = ("mse", "psnr", "ssim", "lpips", "cosine", "label_acc", "verdict", "matched", "grad_dist")
+        """mse, psnr, rpsnr, ssim, lpips, cosine, iip, label_acc, verdict, matched, grad_dist (None where
+        undefined)."""
+        keys = ("mse", "psnr", "rpsnr", "ssim", "lpips", "cosine", "iip", "label_acc", "verdict", "matched", "grad_dist")
         return {k: self.row.get(k) for k in keys}
 
     @property
@@ -71,7 +72,9 @@ class TrialResult:
         return json.loads(self.row.get("extra") or "{}")
 
     def plot(self, scale: float = 1.2):
-        """A matplotlib Figure: the true batch above, the reconstruction below, paired as the metrics pair them."""
+        """A matplotlib Figure: the true batch above in its own order, each reconstruction below the image it is
+        paired with as the metrics pair them (an empty cell, "none", under an image the attack returned nothing
+        for)."""
         from matplotlib.figure import Figure
 
         from gleak.mechanics.metrics import match, psnr
@@ -79,13 +82,13 @@ class TrialResult:
         if self.truth is None:
             raise InputError(f"trial {self.trial_id} has no images to plot (status {self.status}: {self.error})")
         truth, rec = self.truth, self.reconstruction
-        rows = [("truth", truth, [None] * len(truth))]
+        rows: list[tuple[str, list, list]] = [("truth", list(truth), [None] * len(truth))]
         if rec is not None and len(rec):
-            ti, ri = match(truth, rec)
-            rest_t = [i for i in range(len(truth)) if i not in set(ti)]
-            truth = truth[list(ti) + rest_t]
-            rec = rec[list(ri)]
-            rows = [("truth", truth, [None] * len(truth)), ("reconstruction", rec, psnr(truth[: len(rec)], rec).tolist())]
+            under = {int(t): int(r) for t, r in zip(*match(truth, rec))}
+            below = [rec[under[i]] if i in under else None for i in range(len(truth))]
+            scores = [float(psnr(truth[i : i + 1], rec[under[i] : under[i] + 1])[0]) if i in under else "none"
+                      for i in range(len(truth))]  # fmt: skip
+            rows.append(("reconstruction", below, scores))
         n = max(len(r[1]) for r in rows)
         fig = Figure(figsize=(scale * n + 0.6, scale * len(rows) + 0.6), layout="constrained")
         axes = fig.subplots(len(rows), n, squeeze=False)
@@ -94,13 +97,15 @@ class TrialResult:
                 ax = axes[i][j]
                 ax.set_xticks([])
                 ax.set_yticks([])
-                if j >= len(imgs):
+                if j >= len(imgs) or imgs[j] is None:
                     ax.set_axis_off()
+                    if j < len(imgs):
+                        ax.set_title("none", fontsize=8)
                     continue
                 a = imgs[j].detach().double().clamp(0, 1).cpu().numpy()
                 ax.imshow(a[0] if a.shape[0] == 1 else a[:3].transpose(1, 2, 0), cmap="gray" if a.shape[0] == 1 else None,
                           vmin=0, vmax=1, interpolation="nearest")  # fmt: skip
-                if psnrs[j] is not None:
+                if isinstance(psnrs[j], float):
                     ax.set_title(f"{psnrs[j]:.1f} dB", fontsize=8)
             axes[i][0].set_ylabel(label, fontsize=8)
         c = self.config

@@ -61,12 +61,28 @@ def test_the_notebook_runs_end_to_end(tmp_path, monkeypatch):
     pytest.importorskip("ipykernel")
     import nbformat
 
-    monkeypatch.setenv("GLEAK_EXAMPLE_OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("GLEAK_EXAMPLE_OUT", "walkthrough-out")  # relative to the kernel's folder, tmp_path
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's own (inline): figures show as images
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "RunResult(" in outputs and "ran=20, failed=0" in outputs
-    assert (tmp_path / "out" / "suite" / "figures" / "frontier.png").is_file()
+    assert (tmp_path / "walkthrough-out" / "suite" / "figures" / "frontier.png").is_file()
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))  # the figures show
+    # The committed notebook carries its outputs (examples/execute_walkthrough.py), those of these very cells: each
+    # code cell shows the same kinds of output as it does when run again, and its printed lines start alike.
+    stored = nbformat.read(NOTEBOOK, as_version=4)
+    assert _output_kinds(stored) == _output_kinds(nb) and all(kinds for kinds in _output_kinds(stored))
+    assert _first_words(stored) == _first_words(nb)
+
+
+def _output_kinds(nb) -> list[list[str]]:
+    return [sorted({o.output_type + ":" + ",".join(sorted(o.get("data", {}))) for o in c.get("outputs", [])})
+            for c in nb.cells if c.cell_type == "code"]  # fmt: skip
+
+
+def _first_words(nb) -> list[list[str]]:
+    """The first word of each printed line (no numbers, which move with the machine's round-off)."""
+    return [[line.split(" ")[0] for o in c.get("outputs", []) for line in o.get("text", "").splitlines()[:3]]
+            for c in nb.cells if c.cell_type == "code"]  # fmt: skip

@@ -139,3 +139,29 @@ def test_dollars_in_data_are_text_and_titles_are_not_clipped(tmp_path, drawn):
     heads = fig.findobj(Annotation)  # the column heads
     assert len(heads) == 4
     assert not _overlaps([t.get_window_extent(r) for t in heads])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_reconstruction_sits_under_its_own_image_and_a_missing_one_is_a_grey_cell(seed):
+    """The attack returns two rows for a batch of four: the true batch keeps its order, each row is drawn under
+    the image it is paired with, and the two images without one have a grey cell under them."""
+    import torch
+
+    from gleak.orchestration.images import MISSING_GREY, reconstruction_image
+
+    g = torch.Generator().manual_seed(seed)
+    truth = torch.rand(4, 3, 8, 8, generator=g)
+    picked = torch.randperm(4, generator=g)[:2]
+    png = reconstruction_image(truth, truth[picked].flip(0))
+    scale, pad, side = 96 // 8, 2, 96
+    cell = lambda row, col: png[pad + row * (side + pad): pad + row * (side + pad) + side,  # noqa: E731
+                                pad + col * (side + pad): pad + col * (side + pad) + side]  # fmt: skip
+    for col in range(4):
+        above = cell(0, col)
+        expect = (truth[col].permute(1, 2, 0).repeat_interleave(scale, 0).repeat_interleave(scale, 1) * 255).round()
+        assert (above == expect.numpy()).all()  # the true batch in its own order
+        below = cell(1, col)
+        if col in picked.tolist():
+            assert (below == above).all()
+        else:
+            assert (below == round(MISSING_GREY * 255)).all()

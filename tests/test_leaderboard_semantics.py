@@ -134,3 +134,13 @@ def test_the_attack_ranking_ranks_undefended_median_psnr_highest_first_with_ties
     assert ar.loc["x", "rank"] == ar.loc["y", "rank"] == 1
     assert ar.loc["z", "defenses_recovered"] == "1/2"  # z recovers through alpha (40 dB), not undefended (20.5)
     assert math.isclose(ar.loc["y", "psnr_undefended"], 30.503)
+
+
+def test_the_diagnostics_column_is_said_in_words_most_telling_first():
+    from gleak.reporting.documents.cells import extras_text
+
+    said = extras_text({"row_kept": 0.5, "half_mse": 0.0123, "share_psnr40": 0.75, "bins_usable": 3.0,
+                        "blind_mse": 0.1, "model_train_loss": 0.2})  # fmt: skip
+    assert said == ("75% of the batch exact (PSNR > 40 dB); half the batch at MSE <= 0.0123; "
+                    "50% of the read row's entries left by the defense; bins usable 3")  # fmt: skip
+    assert "=" not in said.replace("<=", "") and "_" not in said

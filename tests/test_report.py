@@ -40,7 +40,8 @@ def test_every_format_carries_accuracy_and_epsilon(out):
     assert len(dp) == 1 and float(dp[0]["epsilon"]) > 0
     assert all(r["epsilon"] == "" for r in rows if r not in dp)
     tex = (folder / "leaderboard.tex").read_text()
-    assert "accuracy" in tex and "epsilon" in tex
+    assert "Test accuracy" in tex and "Epsilon" in tex and "PSNR (dB)" in tex and not re.search(r"(?<!\\)_", tex.split("\\label")[0])
+    assert "\\begin{table}" in tex and "\\caption{" in tex and "\\toprule" in tex  # a float ready for \input
     md = (folder / "leaderboard.md").read_text()
     assert "## Utility" in md and "## Each attack's best result against each defense" in md
     assert md.count("LPIPS is unavailable") == 1  # said once, as a footnote
@@ -203,3 +204,19 @@ def test_a_case_label_names_its_own_settings_that_change_what_is_computed():
     assert case_variant({**base, "model_state": "trained", "train_steps": 300}) == "model_state=trained, train_steps=300"
     assert case_variant({**base, "rounds": 4, "server_lr": 0.01, "resolution": 16}) == "resolution=16, rounds=4, server_lr=0.01"
     assert case_variant({**base, "protocol": "fedavg", "clients": 4}) == "clients=4"
+
+
+def test_the_first_screen_is_the_ranking_and_the_method_notes_come_last(out):
+    """Before the defense ranking only the title, the suite's description and one short line; the empty LPIPS
+    column is said right under the table; how the numbers are made comes after every table, as short notes."""
+    folder, _ = out
+    md = (folder / "leaderboard.md").read_text()
+    head = md[: md.index("## Defenses, ranked by their worst case")]
+    description = md.split("\n\n")[1]
+    assert len(head) - len(description) < 400, head
+    ranking = md[md.index("## Defenses, ranked"): md.index("\n## ", md.index("## Defenses, ranked") + 5)]
+    assert "The LPIPS column is empty" in ranking
+    method = md.index("## How the numbers are made")
+    assert method > md.index("## Results by case") and md.index("## Notes") > method
+    notes = md[method: md.index("## Notes")].splitlines()
+    assert max(len(line) for line in notes) < 600  # short notes, not one paragraph

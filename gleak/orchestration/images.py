@@ -28,15 +28,23 @@ def image_grid(rows: list[Tensor], scale: int = 4, pad: int = 2) -> np.ndarray:
     return (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
 
 
+MISSING_GREY = 0.8  # the cell under a true image the attack returned no reconstruction for
+
+
 def reconstruction_image(truth: Tensor, rec: Tensor) -> np.ndarray:
-    """The PNG's pixels: the true batch above, the reconstruction below, each reconstruction under the true image
-    it is matched with (matched order is not implied for the rest)."""
+    """The PNG's pixels: the true batch above in its own order, the reconstruction below, each reconstruction under
+    the true image it is paired with (gleak.mechanics.metrics.match, as it is scored); a grey cell under an image
+    the attack returned nothing for, and reconstructions beyond the batch (other clients' samples) after it."""
+    import torch
+
     from gleak.mechanics.metrics import match
 
-    ti, ri = match(truth, rec)
-    order_t = list(ti) + [i for i in range(len(truth)) if i not in set(ti)]
-    order_r = list(ri) + [i for i in range(len(rec)) if i not in set(ri)]
-    return image_grid([truth[order_t], rec[order_r]], scale=max(1, 96 // truth.shape[-1]))
+    ti, ri = match(truth, rec) if len(rec) else ([], [])
+    under = dict(zip((int(t) for t in ti), (int(r) for r in ri)))
+    grey = torch.full((1, *truth.shape[1:]), MISSING_GREY, dtype=truth.dtype)
+    below = [rec[under[i] : under[i] + 1].to(truth.dtype) if i in under else grey for i in range(len(truth))]
+    below += [rec[r : r + 1].to(truth.dtype) for r in range(len(rec)) if r not in set(under.values())]
+    return image_grid([truth, torch.cat(below)], scale=max(1, 96 // truth.shape[-1]))
 
 
 def save_reconstruction(truth: Tensor, rec: Tensor, path: str | Path) -> None:

@@ -260,7 +260,7 @@ def reconstruction_grid(cells, image_dir: Path, path: Path, title: str, from_sto
     h, w = next(iter(images.values()))[0].shape[:2]
     cell_w = max(1.5, min(3.0, 1.1 * w / 100))  # the stored PNGs are drawn at about 100 px per inch
     img_h = cell_w * h / w
-    head = "each panel: true batch above, reconstruction below"
+    head = "each panel: true batch above, reconstruction below (grey: none returned for that image)"
     if len(cols) == 1:
         fig = _wrapped_grid(rows, cols[0], images, cell_w, img_h)
         head = f"attack: {cols[0]}; {head}"
@@ -282,6 +282,7 @@ def _metric_panel(ax, lines, key: str, label: str, logy: bool, baselines) -> boo
     seeds as error bars and the undefended value dotted; returns whether a point or the undefended line was drawn at
     the PSNR/MSE bound (each such point a triangle, such a line labelled with its value where it is drawn)."""
     attacks, groups, clipped_any = list(dict.fromkeys(lines["attack"])), list(dict.fromkeys(lines["group"])), False
+    cut_bases: list[float] = []
     for a_i, attack in enumerate(attacks):
         color = ATTACK_COLORS[a_i % len(ATTACK_COLORS)]
         for g_i, group in enumerate(groups):
@@ -304,13 +305,19 @@ def _metric_panel(ax, lines, key: str, label: str, logy: bool, baselines) -> boo
         if base is not None:
             (edge,), (cut,) = _clip([base], key)
             ax.axhline(edge, color=color, linestyle=(0, (1, 2)), linewidth=1, alpha=0.8)
-            if cut:  # said where it is drawn, not only in the title: the dotted line is not the value
-                said = (f"no defense: {base:.0f} dB, drawn at {PSNR_CAP:.0f}" if key == "psnr"
-                        else f"no defense: MSE {base:.0e}, drawn at {MSE_FLOOR:.0e}")  # fmt: skip
-                ax.annotate(said, (0.98, edge), xycoords=("axes fraction", "data"), ha="right",
-                            va="top" if key == "psnr" else "bottom", fontsize=6.5, color=color,
-                            xytext=(0, -2 if key == "psnr" else 2), textcoords="offset points")  # fmt: skip
-                clipped_any = True
+            if cut:
+                cut_bases.append(base)
+    if cut_bases:  # said where it is drawn, once per panel, not only in the title: the dotted line is not the value
+        lo, hi = min(cut_bases), max(cut_bases)
+        if key == "psnr":
+            said = f"no defense: {lo:.0f}" + (f"-{hi:.0f}" if round(hi) != round(lo) else "") + f" dB, drawn at {PSNR_CAP:.0f}"
+        else:
+            said = (f"no defense: MSE {hi:.0e}" if hi > 0 else "no defense: MSE 0") + (" or less" if lo < hi else "")
+            said += f", drawn at {MSE_FLOOR:.0e}"
+        edge = PSNR_CAP if key == "psnr" else MSE_FLOOR
+        ax.annotate(said, (0.98, edge), xycoords=("axes fraction", "data"), ha="right", va="top" if key == "psnr" else "bottom",
+                    fontsize=6.5, color="#333333", xytext=(0, -2 if key == "psnr" else 2), textcoords="offset points")  # fmt: skip
+        clipped_any = True
     if logy:
         ax.set_yscale("log")
     if key in ("ssim", "label_acc", "rouge1"):
@@ -352,6 +359,14 @@ def _strength_x_axis(ax, xs: list[float], xkey: str) -> None:
     ax.grid(True, alpha=0.3)
 
 
+def _legend_columns(labels: list[str], width: float) -> int:
+    """As many legend columns as fit a figure `width` inches wide (about 14 characters per inch at 8 pt)."""
+    if not labels:
+        return 1
+    need = max(len(lab) for lab in labels) + 6
+    return max(1, min(4, len(labels), int(width * 14 / need)))
+
+
 @plain_text
 def strength_figure(lines, accuracy, baselines, xkey: str, path: Path, title: str) -> Path:
     """Metrics against one defense parameter. `lines`: DataFrame with attack, group, x and metric columns (one line
@@ -359,7 +374,12 @@ def strength_figure(lines, accuracy, baselines, xkey: str, path: Path, title: st
     value}} of the undefended configuration, drawn as dotted horizontal lines; baselines['accuracy'] a float."""
     metrics = [m for m in STRENGTH_METRICS if m[0] in lines and lines[m[0]].notna().any()]
     with_acc = accuracy is not None and len(accuracy) > 0
-    fig = _figure(3.3 * (len(metrics) + with_acc) + 0.6, 3.4)
+    width = 3.3 * (len(metrics) + with_acc) + 0.6
+    names = [a + (f" ({g})" if g else "") for a, g in dict.fromkeys(zip(lines["attack"], lines["group"]))] if len(lines) else []
+    ncol = _legend_columns(names, width)
+    # The key below the panels gets its own height: a suite of many attack variants makes the figure taller, never
+    # the panels smaller (or collapsed).
+    fig = _figure(width, 3.4 + 0.17 * -(-len(names) // ncol))
     # one x range for every panel: a configuration without an accuracy (a failed utility run) keeps its place
     axes = fig.subplots(1, len(metrics) + with_acc, squeeze=False, sharex=True)[0]
     clipped = [_metric_panel(ax, lines, *m, baselines) for ax, m in zip(axes, metrics)]
@@ -372,10 +392,9 @@ def strength_figure(lines, accuracy, baselines, xkey: str, path: Path, title: st
     for ax in axes[: len(metrics)]:  # label-only attacks draw in the label panel only
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
-    if seen:  # as many columns as fit the figure's width (about 14 characters per inch at 8 pt)
-        width = max(len(lab) for lab in seen) + 6
-        ncol = max(1, min(4, len(seen), int(fig.get_figwidth() * 14 / width)))
-        fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=_legend_columns(list(seen), width),
+                   fontsize=8, frameon=False)  # fmt: skip
     note = (f"; PSNR above {PSNR_CAP:.0f} dB and MSE below {MSE_FLOOR:.0e} (visually exact) drawn at those bounds, "
             "points there as triangles" if any(clipped) else "")  # fmt: skip
     fig.suptitle(f"{title}  (dotted: no defense{note})", fontsize=10)

@@ -65,8 +65,31 @@ def fmt(v: Any, kind: str = "g") -> str:
     return str(v)
 
 
+# The diagnostics an attack, a defense or the scoring leaves in a row's extra, said in words (means over the cell's
+# trials); the most telling first. A key without a phrase here (a plugin's own) is shown as its words and value.
+_SAID: dict[str, tuple[int, Any]] = {
+    "share_psnr40": (0, lambda v: f"{v:.0%} of the batch exact (PSNR > 40 dB)"),
+    "half_mse": (1, lambda v: f"half the batch at MSE <= {v:.3g}"),
+    "observed_share_psnr40": (2, lambda v: f"{v:.0%} of all observed samples exact"),
+    "observed_samples": (3, lambda v: f"{v:g} samples observed"),
+    "psnr_original": (4, lambda v: f"PSNR {v:.2f} dB against the untransformed images"),
+    "epsilon": (5, lambda v: f"epsilon {v:.3g}"),
+    "model_train_acc": (6, lambda v: f"model trained to {v:.0%} accuracy"),
+    "iterations": (7, lambda v: f"{v:.0f} iterations"),
+    "grad_loss": (8, lambda v: f"gradient-matching loss {v:.3g}"),
+    "restart": (9, lambda v: f"winning restart (mean index) {v:.2g}"),
+    "usable_rows": (10, lambda v: f"{v:.3g} usable rows"),
+    "rows_used": (11, lambda v: f"{v:.3g} rows used"),
+    "row_kept": (12, lambda v: f"{v:.0%} of the read row's entries left by the defense"),
+}
+_UNSAID = ("mse_original", "ssim_original", "lpips_original", "model_train_loss")  # said by another entry already
+
+
 def extras_text(d: dict[str, float]) -> str:
-    return ", ".join(f"{k}={v:.3g}" for k, v in sorted(d.items()) if not k.startswith(("_", "blind_")))
+    """A cell's diagnostics in words: 'half the batch at MSE <= 0.012; 75% of the batch exact (PSNR > 40 dB)'."""
+    keep = {k: v for k, v in d.items() if not k.startswith(("_", "blind_")) and k not in _UNSAID}
+    order = sorted(keep, key=lambda k: (_SAID[k][0] if k in _SAID else len(_SAID), k))
+    return "; ".join(_SAID[k][1](keep[k]) if k in _SAID else f"{k.replace('_', ' ')} {keep[k]:.3g}" for k in order)
 
 
 def mean_std(r: Any, m: str, kind: str, ci: bool = False, mean_key: str | None = None) -> str:

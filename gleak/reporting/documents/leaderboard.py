@@ -103,6 +103,8 @@ def leaderboard_document(
     if images:
         doc += text + _case_blocks(agg, vd, va)
     doc += _trouble_blocks(df)
+    if images:
+        doc += _method_blocks(rule)
     footnotes = list(notes or [])
     coverage = metric_coverage(df)
     if coverage:
@@ -149,19 +151,26 @@ def _intro_blocks(suite: str, description: str, df: pd.DataFrame, rule: str, ima
     if not images:
         doc.append(("p", counts))
         return doc
-    doc.append(("p", counts +
-        "Every trial is scored against the victim's whole batch: reconstructions are paired with the images by "
-        "optimal assignment and an image left without one is scored against the blind guess, the data set's mean "
-        "image (the per-pixel mean of the split the victims come from); the blind guess's own PSNR / MSE / SSIM on "
-        f"the same batches is shown beside each case. The truth is the batch as it entered the victim's gradient: "
-        "under a defense that transforms the client's inputs (ATS), the transformed batch; the row's extra then also "
-        "scores the reconstruction against the untransformed images (psnr_original, mse_original, ssim_original). "
-        f"Per-image PSNR is capped at {PSNR_CEILING:g} dB (exact "
-        "recoveries). PSNR and MSE: medians over trials (seeds); beside them and for SSIM, LPIPS, label accuracy "
-        "and time: mean ± std [95% interval of the mean, Student t over seeds]. " + verdict_rule_text(rule)
-        + " A group's verdict is the one at least half of its trials reach or exceed; 'recovered' is the share of "
-        "its trials recovered. Ranks: equal values (to 0.01) share a rank."))  # fmt: skip
+    doc.append(("p", counts + "How every number below is made: the section \"How the numbers are made\" at the end."))
     return doc
+
+
+def _method_blocks(rule: str) -> list[tuple]:
+    """How the image scores are made, as short notes (after the tables: the first screen is the ranking)."""
+    return [("h2", "How the numbers are made"), ("list", [
+        "Whole batch: every image of the victim's batch is scored; reconstructions are paired with the images by "
+        "optimal assignment, and an image left without one is scored against the blind guess.",
+        "Blind guess: the data set's mean image (the per-pixel mean of the split the victims come from), scored on the "
+        "same batches and shown beside each case.",
+        "Truth: the batch as it entered the victim's gradient (under a defense that transforms the client's inputs, "
+        "such as ATS, the transformed batch; the row's extra also scores against the untransformed images).",
+        f"PSNR per image is capped at {PSNR_CEILING:g} dB (exact recoveries); PSNR and MSE are medians over trials "
+        "(seeds); beside them, and for SSIM, LPIPS, label accuracy and time: mean ± std [95% interval of the mean, "
+        "Student t over seeds].",
+        verdict_rule_text(rule) + " A group's verdict is the one at least half of its trials reach or exceed; "
+        "'recovered' is the share of its trials recovered.",
+        "Ranks: equal values (to 0.01) share a rank.",
+    ])]  # fmt: skip
 
 
 def _defense_blocks(dr: pd.DataFrame, vd: dict, va: dict, show_util: bool) -> list[tuple]:
@@ -189,6 +198,9 @@ def _defense_blocks(dr: pd.DataFrame, vd: dict, va: dict, show_util: bool) -> li
         doc.append(("p", "A defense is only as strong as the best attack against it. Accuracy and epsilon: see "
                          "'Utility' below."))  # fmt: skip
     doc.append(("table", h, rows))
+    if len(dr) and "lpips" in dr and dr["lpips"].isna().all():  # said here, not only in the notes at the end
+        doc.append(("p", "The LPIPS column is empty: no AlexNet weights where these results were scored (the notes "
+                         "at the end say how to fill it)."))  # fmt: skip
     broken = []  # said in words, not only in a column: a defense an attack gets through does not protect that case
     for name, g in dr[dr["defense"] != "none"].groupby("defense", sort=False):
         hit = g[g["verdict"] == "recovered"] if "verdict" in g else g.iloc[:0]
@@ -196,7 +208,7 @@ def _defense_blocks(dr: pd.DataFrame, vd: dict, va: dict, show_util: bool) -> li
             by = ", ".join(sorted({data(worst_attack_text(r, va)) for _, r in hit.iterrows()}))
             broken.append(f"{data(name)} in {len(hit)} of its {len(g)} configurations (by {by})")
     if broken:
-        doc.append(("p", "Broken: an attack recovers the victim's data (verdict recovered, by the rule above) through "
+        doc.append(("p", "Broken: an attack recovers the victim's data (verdict recovered, by the rule under \"How the numbers are made\") through "
                          + "; ".join(broken) + "."))  # fmt: skip
     return doc
 

@@ -13,6 +13,10 @@ from gleak.reporting.aggregate import varying_keys
 from gleak.reporting.documents.cells import params_text
 
 TEX_COLUMNS = ["rank", "defense", "defense_params", "worst_attack", "psnr", "ssim", "verdict", "label_acc", "accuracy", "epsilon"]
+TEX_HEADS = {"rank": "Rank", "defense": "Defense", "defense_params": "Parameters", "worst_attack": "Worst attack",
+             "psnr": "PSNR (dB)", "ssim": "SSIM", "verdict": "Verdict", "label_acc": "Label accuracy",
+             "accuracy": "Test accuracy", "epsilon": "Epsilon"}  # fmt: skip
+_TEX_ESCAPES = str.maketrans({c: "\\" + c for c in "&%$#_{}"} | {"~": "-", "^": "-", "\\": "/"})
 
 
 # A text cell that a spreadsheet would take for a formula (OWASP's CSV injection: = + - @, a tab or a carriage
@@ -82,4 +86,15 @@ def ranking_tex(dr: pd.DataFrame, df: pd.DataFrame, set_params: dict | None = No
     or that the suite varies or sets)."""
     vd = varying_keys(df, "defense", set_params)
     tex_frame = dr.assign(defense_params=[params_text(js, "defense", d, vd.get(d)) for d, js in zip(dr["defense"], dr["defense_params"])])
-    return tex_frame[[c for c in TEX_COLUMNS if c in dr]].to_latex(index=False, float_format="%.3f", na_rep="", escape=True)
+    cols = [c for c in TEX_COLUMNS if c in dr]
+    tabular = tex_frame[cols].rename(columns=TEX_HEADS).to_latex(index=False, float_format="%.3f", na_rep="", escape=True)
+    suite = str(df["suite"].dropna().iloc[0]) if "suite" in df and df["suite"].notna().any() else "gleak"
+    name = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in suite)
+    shown = suite.translate(_TEX_ESCAPES)
+    caption = (f"Defenses of the suite {shown} ranked by their worst case over attacks: the median PSNR of the "
+               "strongest attack (lower is more private), its SSIM and verdict"
+               + (", with the test accuracy of federated training under the defense" if "accuracy" in cols else "")
+               + (" and its epsilon" if "epsilon" in cols else "") + ".")  # fmt: skip
+    return ("% The defense ranking of a gleak leaderboard; needs \\usepackage{booktabs}.\n"
+            "\\begin{table}[t]\n\\centering\n\\small\n"
+            f"\\caption{{{caption}}}\n\\label{{tab:gleak-{name}-defenses}}\n{tabular}\\end{{table}}\n")
