@@ -1,6 +1,6 @@
 """Running at scale and under faults: worker processes, Ray, the folder lock, killed workers and killed runs.
 
-One small suite (48 trials of 50-150 ms: closed-form and iDLG on an MLP, with and without defenses) is the yardstick:
+One small suite (36 trials of 50-150 ms: closed-form and iDLG on an MLP, with and without defenses) is the yardstick:
 a clean in-process run of it is the reference that every other way of running it must reproduce exactly.
 """
 import csv
@@ -26,7 +26,7 @@ from gleak.orchestration.suite import load_suite
 SCALE = """
 [suite]
 name = "scale"
-seeds = [0, 1, 2, 3]
+seeds = [0, 1, 2]
 [case]
 dataset = "uniform"
 resolution = 16
@@ -47,8 +47,8 @@ sigma = 1e-3
 name = "topk"
 ratio = 0.9
 """
-N_SCALE = 48
-METRICS = "status, error, mse, psnr, ssim, lpips, label_acc, cosine, grad_dist, matched, verdict, extra"
+N_SCALE = 36
+METRICS = "status, error, mse, psnr, rpsnr, ssim, lpips, label_acc, cosine, iip, grad_dist, matched, verdict, extra"
 
 
 def metrics(folder: Path) -> dict[str, tuple]:
@@ -122,7 +122,7 @@ def reference(scale_suite, tmp_path_factory) -> dict[str, tuple]:
     assert summary.ran == N_SCALE and summary.failed == 0
     ref = metrics(out)
     assert len(ref) == N_SCALE and all(m[0] == "ok" for m in ref.values())
-    assert sum(m[2] is not None and m[2] < 1e-6 for m in ref.values()) >= 8  # closed form recovers: not a vacuous yardstick
+    assert sum(m[2] is not None and m[2] < 1e-6 for m in ref.values()) >= 6  # closed form recovers: not a vacuous yardstick
     return ref
 
 

@@ -153,6 +153,13 @@ class TextModality:
 IMAGE, TEXT = ImageModality(), TextModality()
 
 
+def victims_split(case: Any) -> str:
+    """The split the clients' batches come from. A trained model is attacked on images it never trained on
+    (Geiping et al. attack validation images): the test split, and public data for the attacker from the training
+    split; an untrained model, the training split."""
+    return "test" if case.model_state == "trained" else "train"
+
+
 def modality_of(case: Any) -> ImageModality | TextModality:
     """The modality of a case (a gleak.contracts.config.CaseConfig), chosen by its data set's name."""
     return TEXT if is_text_dataset(case.dataset) else IMAGE

@@ -86,11 +86,22 @@ def _warp(src: Tensor, m: Tensor, grid: Tensor | None = None) -> Tensor:
     return F.grid_sample(src, xy, mode="bilinear", padding_mode="reflection", align_corners=False)
 
 
+def _inverse(m: Tensor) -> Tensor:
+    """The inverse of similarity matrices [[a, b, x], [-b, a, y], [0, 0, 1]], in closed form (no batched solve)."""
+    a, b, x, y = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2], m[:, 1, 2]
+    d = a * a + b * b
+    ia, ib = a / d, -b / d  # the inverse's own a and b: R^-1 = [[a, -b], [b, a]] / d
+    zero, one = torch.zeros_like(a), torch.ones_like(a)
+    return torch.stack([ia, ib, -(ia * x + ib * y), -ib, ia, ib * x - ia * y, zero, zero, one], -1).reshape(-1, 3, 3)
+
+
 def _loss(src: Tensor, dst: Tensor, m: Tensor, grid: Tensor | None = None) -> Tensor:
-    """Per image: mean |warp(src, m) - dst| plus mean |warp(dst, m^-1) - src| (reflection covers every pixel)."""
-    fwd = (_warp(src, m, grid) - dst).abs().flatten(1).mean(1)
-    back = (_warp(dst, torch.linalg.inv(m), grid) - src).abs().flatten(1).mean(1)
-    return fwd + back
+    """Per image: mean |warp(src, m) - dst| plus mean |warp(dst, m^-1) - src| (reflection covers every pixel); both
+    warps in one grid_sample call."""
+    n = len(src)
+    warped = _warp(torch.cat([src, dst]), torch.cat([m, _inverse(m)]), grid)
+    err = (warped - torch.cat([dst, src])).abs().flatten(1).mean(1)
+    return err[:n] + err[n:]
 
 
 def register(src: Tensor, dst: Tensor, steps: int = STEPS, levels: int = LEVELS, lr: float = LR,

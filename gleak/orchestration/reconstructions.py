@@ -164,10 +164,10 @@ def rescore_rows(items: Iterable[tuple[str, bytes, str | None]], metrics: list[s
 
 def victims_of(store: Any) -> Callable[[str], tuple[Tensor, Tensor] | None]:
     """trial_id -> the images and labels of the split its victims were drawn from, loaded once per data set and
-    split (gleak.orchestration.trial.victims_split); None where the data set cannot be loaded here (its iip stays
+    split (gleak.mechanics.modality.victims_split); None where the data set cannot be loaded here (its iip stays
     empty, the rest is rescored)."""
     from gleak.contracts.config import TrialConfig
-    from gleak.orchestration.trial import load_case_data, victims_split
+    from gleak.mechanics.modality import modality_of, victims_split
 
     configs = store.configs()
     loaded: dict[str, tuple[Tensor, Tensor] | None] = {}
@@ -177,12 +177,12 @@ def victims_of(store: Any) -> Callable[[str], tuple[Tensor, Tensor] | None]:
         if text is None:
             return None
         cfg = TrialConfig.from_json(text)
-        split = victims_split(cfg)
+        split = victims_split(cfg.case)
         c = cfg.case
         key = json.dumps([c.dataset, c.data_root, c.resolution, c.channels, split])
         if key not in loaded:
             try:
-                ds = load_case_data(cfg, split)
+                ds = modality_of(cfg.case).load(cfg.case, split)
                 loaded[key] = (ds.x, ds.y)
             except InputError:
                 loaded[key] = None

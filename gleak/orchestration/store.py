@@ -132,8 +132,8 @@ def check_store(folder: str | Path) -> bool:
         if check != "ok":
             raise InputError(f"{where} damaged ({check}); restore it from a copy or use another --out")
         check_rows(con, where)  # every value a reader will use, before anything reads or rewrites it
-    except sqlite3.DatabaseError as exc:
-        raise InputError(f"{where} damaged or not a gleak store ({exc}); left untouched") from None
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # damaged names in its schema do not decode
+        raise InputError(f"{where} damaged or not a gleak store ({type(exc).__name__}); left untouched") from None
     finally:
         con.close()
     return True

@@ -42,7 +42,7 @@ from gleak.mechanics.gate import (  # noqa: F401 - observer_model: public here
 )
 from gleak.mechanics.label_query import query_model, read_counts
 from gleak.mechanics.metrics import relative_distance
-from gleak.mechanics.modality import modality_of
+from gleak.mechanics.modality import modality_of, victims_split
 from gleak.mechanics.pretrain import build_model
 from gleak.mechanics.progress import reporting
 from gleak.mechanics.protocol import Protocol
@@ -56,13 +56,6 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 def load_case_data(cfg: TrialConfig, split: str = "train") -> ImageDataset:
     """A split of the case's data set, as its modality loads it (images, or token sequences: gleak.mechanics.modality)."""
     return modality_of(cfg.case).load(cfg.case, split)
-
-
-def victims_split(cfg: TrialConfig) -> str:
-    """The split the clients' batches come from. A trained model is attacked on images it never trained on
-    (Geiping et al. attack validation images): the test split, and public data for the attacker from the training
-    split; an untrained model, the training split."""
-    return "test" if cfg.case.model_state == "trained" else "train"
 
 
 def draw_batches(ds: ImageDataset, cfg: TrialConfig, dtype: torch.dtype, purpose: str = "data") -> list[ClientBatch]:
@@ -137,7 +130,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     stay on the CPU."""
     dtype = DTYPES[cfg.case.dtype]
     ds = load_case_data(cfg)
-    held_out = victims_split(cfg) == "test"
+    held_out = victims_split(cfg.case) == "test"
     pool = load_case_data(cfg, "test") if held_out else ds
     batches = draw_batches(pool, cfg, dtype)
     victim = batches[0]
