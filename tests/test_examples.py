@@ -25,7 +25,7 @@ def test_readme_python_section_runs(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "t.png").is_file() and (tmp_path / "quick" / "leaderboard.md").is_file()
-    assert "40 0" in r.stdout  # the quick suite at one seed: 40 trials run, none failed
+    assert "20 0" in r.stdout  # the quick suite at one seed and batch size 1: 20 trials run, none failed
 
 
 NOTEBOOK = ROOT / "examples" / "walkthrough.ipynb"
