@@ -176,13 +176,12 @@ def victims_of(store: Any) -> Callable[[str], tuple[Tensor, Tensor] | None]:
         text = configs.get(trial_id)
         if text is None:
             return None
-        cfg = TrialConfig.from_json(text)
-        split = victims_split(cfg.case)
-        c = cfg.case
-        key = json.dumps([c.dataset, c.data_root, c.resolution, c.channels, split])
+        c = TrialConfig.from_json(text).case
+        split = victims_split(c)
+        key = json.dumps([c.dataset, c.data_root, c.resolution, c.channels, split])  # what loading the split reads
         if key not in loaded:
             try:
-                ds = modality_of(cfg.case).load(cfg.case, split)
+                ds = modality_of(c).load(c, split)
                 loaded[key] = (ds.x, ds.y)
             except InputError:
                 loaded[key] = None
