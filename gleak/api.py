@@ -61,9 +61,10 @@ class TrialResult:
 
     @property
     def metrics(self) -> dict[str, Any]:
-        """mse, psnr, rpsnr, ssim, lpips, cosine, iip, label_acc, verdict, matched, grad_dist (None where
+        """mse, psnr, rpsnr, ssim, lpips, cosine, iip, feat_mse, label_acc, verdict, matched, grad_dist (None where
         undefined)."""
-        keys = ("mse", "psnr", "rpsnr", "ssim", "lpips", "cosine", "iip", "label_acc", "verdict", "matched", "grad_dist")
+        keys = ("mse", "psnr", "rpsnr", "ssim", "lpips", "cosine", "iip", "feat_mse", "label_acc", "verdict", "matched",
+                "grad_dist")  # fmt: skip
         return {k: self.row.get(k) for k in keys}
 
     @property

@@ -1,6 +1,6 @@
-"""Registered PSNR, image identifiability precision and BLEU: the metrics a breaching user reads, each checked
-against a reference implementation (kornia's ImageRegistrator as breaching configures it, sacreBLEU) and against
-what it must do on images whose answer is known."""
+"""Registered PSNR, image identifiability precision, feature-space MSE and BLEU: the metrics a breaching user reads,
+each checked against a reference implementation (kornia's ImageRegistrator as breaching configures it, breaching's
+FMSE formula, sacreBLEU) and against what it must do on images whose answer is known."""
 import random
 from functools import partial
 
@@ -131,6 +131,11 @@ def test_score_fills_rpsnr_and_iip_in_the_results_of_a_run(tmp_path, gleak_cli):
     assert labels_only["rpsnr"].isna().all() and labels_only["iip"].isna().all()  # empty, never zero
     undefended = images[images["defense"] == "none"]
     assert (undefended["iip"] == 1.0).all()  # the closed form is exact at batch 2 without a defense
+    # Feature-space MSE: filled for every image row, empty for label-only rows; zero where the recovery is exact,
+    # above zero where noise moved it.
+    assert images["feat_mse"].notna().all() and labels_only["feat_mse"].isna().all()
+    assert (undefended["feat_mse"] < 1e-9).all()
+    assert (images.loc[images["defense"] == "noise", "feat_mse"] > 1e-9).all()
 
 
 def test_bleu_is_sacrebleus_corpus_bleu():
@@ -152,5 +157,51 @@ def test_bleu_of_the_truth_is_one_and_of_nothing_in_common_zero():
     assert 0 < bleu(t, [["a", "b", "c", "d", "x"]]) < 1
 
 
-def test_each_new_metric_declares_that_higher_leaks():
+def test_each_new_metric_declares_which_way_it_leaks():
     assert metrics.METRICS["rpsnr"].leaks_higher and metrics.METRICS["iip"].leaks_higher
+    assert not metrics.METRICS["feat_mse"].leaks_higher  # an error: lower leaks, as MSE
+
+
+def _breaching_fmse(model, a, b):
+    """breaching.analysis.report's FMSE for one query: (model(rec) - model(truth)).pow(2).mean() over the batch."""
+    with torch.no_grad():
+        return float((model(a) - model(b)).pow(2).mean())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_feature_mse_is_breachings_formula_per_image_and_blind_to_the_models_null_space(seed):
+    g = torch.Generator().manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 5)).double()
+    a, b = torch.rand(6, 3, 4, 4, generator=g).double(), torch.rand(6, 3, 4, 4, generator=g).double()
+    per_image = metrics.feature_mse(a, b, model)
+    assert per_image.shape == (6,)
+    assert float(per_image.mean()) == pytest.approx(_breaching_fmse(model, a, b), rel=1e-12)
+    for i in range(6):  # each image's value is that of the image alone
+        assert float(per_image[i]) == pytest.approx(_breaching_fmse(model, a[i : i + 1], b[i : i + 1]), rel=1e-12)
+    assert (metrics.feature_mse(a, a, model) == 0).all()
+    # A change the model cannot see (its weights' null space) moves the pixels, not the features.
+    w = model[1].weight.detach()
+    null = torch.linalg.svd(w, full_matrices=True).Vh[-1]  # orthogonal to every row of w
+    moved = a + 0.5 * null.reshape(1, 3, 4, 4)
+    assert float(metrics.mse(moved, a).min()) > 1e-3
+    assert float(metrics.feature_mse(moved, a, model).max()) < 1e-20
+
+
+def test_feature_mse_scores_each_image_at_the_models_running_statistics_and_restores_its_mode():
+    """Batch norm in training mode normalises by the batch: an image's features would depend on the images scored
+    beside it. model_features scores in evaluation mode and gives the model back in the mode it found it."""
+    from gleak.mechanics.modality import model_features
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.LazyLinear(3))
+    model(torch.rand(2, 1, 6, 6))  # materialise the lazy layer
+    model.train()
+    f = model_features(model, torch.tensor([0.5]), torch.tensor([0.25]))
+    x = torch.rand(5, 1, 6, 6)
+    together, alone = f(x), torch.cat([f(x[i : i + 1]) for i in range(5)])
+    assert torch.allclose(together, alone, atol=1e-6)
+    assert model.training
+    # The clients' normalisation is applied: the same images read raw give other outputs.
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(f(x), model((x - 0.5) / 0.25), atol=1e-6)

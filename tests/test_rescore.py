@@ -196,6 +196,28 @@ def test_a_store_from_before_the_digest_is_upgraded_once_and_then_checked(folder
     store.close()
 
 
+def test_a_version_3_store_gets_an_empty_feature_mse_column_which_rescore_refuses_to_fill(folder, tmp_path, gleak_cli):
+    """A store from before feature-space MSE: a writer adds the column empty (never zero); `gleak rescore --metrics
+    feat_mse` refuses in one line, because the store keeps no model to compute it with, and changes nothing."""
+    from gleak.orchestration.store import SCHEMA_VERSION
+
+    out = _copy(folder, tmp_path)
+    _edit(out, ("ALTER TABLE trials DROP COLUMN feat_mse", ()), ("PRAGMA user_version = 3", ()))
+    before = (out / "results.sqlite").read_bytes()
+    code, err = gleak_cli(["rescore", str(out), "--metrics", "feat_mse"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "feat_mse" in err and "rerun" in err, err
+    assert (out / "results.sqlite").read_bytes() == before
+    code, err = gleak_cli(["rescore", str(out), "--metrics", "ssim"])
+    assert code == 0, err
+    con = sqlite3.connect(out / "results.sqlite")
+    try:
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert con.execute("SELECT COUNT(*) FROM trials WHERE feat_mse IS NOT NULL").fetchone()[0] == 0
+    finally:
+        con.close()
+    assert pd.read_csv(out / "results.csv")["feat_mse"].isna().all()
+
+
 def test_a_version_2_store_gets_registered_psnr_and_iip_columns_and_rescore_fills_them(folder, tmp_path, gleak_cli):
     """A store from before the registered PSNR and IIP columns: opened by a writer it gains them, empty (never
     zero); `gleak rescore --metrics rpsnr,iip` fills them from the stored arrays and the victims' split, with the

@@ -116,6 +116,19 @@ def identified(rec: Tensor, targets: Tensor, target_y: Tensor, pool_x: Tensor, p
     return torch.tensor(out, dtype=torch.bool)
 
 
+def feature_mse(a: Tensor, b: Tensor, features: Callable[[Tensor], Tensor]) -> Tensor:
+    """Per-image feature-space MSE (breaching's FMSE, Geiping et al.'s framework code,
+    `breaching.analysis.report`): the mean squared difference of the attacked model's outputs on the two images,
+    (N,). `features(images)`: the model's output on images in [0, 1] (the caller normalises them for the model).
+
+    breaching feeds the attack's raw output (normalised, unclamped) and the truth to the server's model as sent; here
+    the images every other metric scores (denormalised and clamped to [0, 1]) are normalised again, so that a value
+    outside the data range an attack returns does not count for or against it."""
+    with torch.no_grad():
+        fa, fb = features(a), features(b)
+    return ((fa.double() - fb.double()) ** 2).flatten(1).mean(1)
+
+
 def relative_distance(true: Tensor, sent: Tensor) -> float:
     """||g - g~|| / ||g|| over the flattened update (Xue et al., AAAI 2024, Fig. 1)."""
     true, sent = true.double(), sent.double()
@@ -138,7 +151,7 @@ class Metric:
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("psnr", psnr, True), Metric("mse", mse, False), Metric("ssim", ssim, True), Metric("cosine", cosine, True),
     Metric("lpips", lpips, False), Metric("label_acc", label_accuracy, True),
-    Metric("rpsnr", registered_psnr, True), Metric("iip", identified, True),
+    Metric("rpsnr", registered_psnr, True), Metric("iip", identified, True), Metric("feat_mse", feature_mse, False),
 )}  # fmt: skip
 # Aggregate columns are named after their metric: psnr_median, mse_median, psnr_undefended, label_acc_std, ...
 _AGGREGATES = ("_median", "_mean", "_undefended", "_lo", "_hi")
@@ -213,6 +226,7 @@ def score(
     search: tuple[Tensor, Tensor] | None = None,
     targets: Tensor | None = None,
     registered: bool = True,
+    features: Callable[[Tensor], Tensor] | None = None,
 ) -> dict[str, Any]:
     """Score a trial against its whole victim batch (module docstring): reconstructions paired with the images by
     optimal assignment, images without one scored against the blind guess `blind` (1, C, H, W) (None: the batch's
@@ -228,9 +242,13 @@ def score(
     `search` (the split's images and labels, `identified`); `targets`: the images to identify, row by row with the
     batch (the untransformed images where a defense transformed them; default the truth). None without `search`,
     or where the batch's images are not in it. registered=False: rpsnr not computed (None), for a second scoring
-    that does not report it."""
+    that does not report it.
+
+    feat_mse: the attacked model's outputs on each pair compared (`feature_mse`; `features` maps images in [0, 1] to
+    them), averaged over the batch like the rest; None without `features` (text, a rescore: the store keeps no
+    model)."""
     out: dict[str, Any] = dict(mse=None, psnr=None, rpsnr=None, ssim=None, lpips=None, cosine=None, iip=None,
-                               verdict=None, matched=0)  # fmt: skip
+                               feat_mse=None, verdict=None, matched=0)  # fmt: skip
     out["share_psnr40"] = None
     out["blind"] = {}
     out["label_acc"] = label_accuracy(truth_labels, rec_labels)
@@ -253,6 +271,8 @@ def score(
     out["psnr"] = float(psnr(t, r, ceiling=PSNR_CEILING).mean())
     if registered:
         out["rpsnr"] = float(registered_psnr(r, t, ceiling=PSNR_CEILING).mean())
+    if features is not None:
+        out["feat_mse"] = float(feature_mse(r, t, features).mean())
     if search is not None:
         own = ri < len(rec_images)  # pairs whose reconstruction is the attack's
         targets = truth_images if targets is None else targets

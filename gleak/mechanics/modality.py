@@ -8,13 +8,13 @@ kept of it (images: arrays and a PNG; text: the reconstructed tokens beside the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from gleak.contracts.attack_output import check_reconstruction, max_images
 from gleak.contracts.vocabulary import DEFAULT_SEQ_LEN, DEFAULT_VOCAB_SIZE, is_text_dataset
-from gleak.contracts.wire import denormalize
+from gleak.contracts.wire import denormalize, normalize
 from gleak.mechanics.data import load_dataset
 from gleak.mechanics.metrics import mean_image, original_scores, score, victim_share
 
@@ -30,6 +30,25 @@ class Finished:
     scores: dict[str, Any]
     images: tuple[Any, Any]
     arrays: tuple[Any, ...] | None
+
+
+def model_features(model: torch.nn.Module, mean: torch.Tensor, std: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """images in [0, 1] -> the model's output on them (normalised with the clients' `mean` and `std`, in the model's
+    dtype and on its device; back on the CPU). Evaluation mode (batch norm at its running statistics, so that an
+    image's output does not depend on the batch it is scored with), the model's mode restored after."""
+    p = next(model.parameters(), None)
+    device, dtype = (p.device, p.dtype) if p is not None else (torch.device("cpu"), torch.float32)
+
+    def features(images: torch.Tensor) -> torch.Tensor:
+        was = model.training
+        model.eval()
+        try:
+            out = model(normalize(images, mean, std).to(device=device, dtype=dtype))
+        finally:
+            model.train(was)
+        return out.detach().cpu()
+
+    return features
 
 
 class ImageModality:
@@ -48,8 +67,9 @@ class ImageModality:
         return out
 
     def finish(self, cfg: Any, ds: Any, pool: Any, observed: list, sent: Any, rec: Any, extra_model: dict, eps: Any,
-               lpips_weights: str | None) -> Finished:  # fmt: skip
+               lpips_weights: str | None, model: torch.nn.Module | None = None) -> Finished:  # fmt: skip
         """Check the reconstruction, score it against what was sent and the mean image of the victims' split.
+        `model`: the model the victim computed its observed update at (feature-space MSE; None: not scored).
         `observed`: the batches of the clients whose samples the observed update carries, the victim's first: the
         attack may return one row per sample among them; where there are several, its rows are paired one-to-one
         with all of them, the victim scored on the rows paired with its own, and the share of every observed
@@ -73,7 +93,8 @@ class ImageModality:
             rec_images = rec_images[rows]
         original = None if sent is None else victim.images()
         scores = score(truth.images(), truth.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict,
-                       search=(pool.x, pool.y), targets=original)  # identified among the split's images (iip)
+                       search=(pool.x, pool.y), targets=original,  # identified among the split's images (iip)
+                       features=None if model is None else model_features(model, ds.mean, ds.std))  # fmt: skip
         share = scores.pop("share_psnr40")  # a diagnostic beside the attack's own (images only)
         extra = {**extra_model, **rec.extra} if share is None else {"share_psnr40": share, **extra_model, **rec.extra}
         if everyone is not None:
@@ -118,7 +139,7 @@ class TextModality:
         return out
 
     def finish(self, cfg: Any, ds: Any, pool: Any, observed: list, sent: Any, rec: Any, extra_model: dict, eps: Any,
-               lpips_weights: str | None) -> Finished:  # fmt: skip
+               lpips_weights: str | None, model: torch.nn.Module | None = None) -> Finished:  # fmt: skip
         """Check the reconstruction's shape, score it (ROUGE, token accuracy, token set) against the victim's
         sequences (observed[0]; a text case has one client) and the blind guess; the truth and the reconstruction's
         first sequence go to the row's extra."""

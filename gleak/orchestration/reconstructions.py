@@ -120,6 +120,9 @@ def parse_metrics(text: str | None) -> list[str]:
     if not text:
         return list(RESCORABLE)
     names = [t.strip() for t in text.split(",") if t.strip()]
+    if "feat_mse" in names:  # a metric of the trial's model, not of the stored arrays
+        raise InputError("--metrics: feat_mse needs the model the victim computed its update at, which the store does "
+                         "not keep: rerun the trials (gleak run SUITE --out NEW_FOLDER)")  # fmt: skip
     bad = [n for n in names if n not in RESCORABLE]
     if bad:
         raise InputError(f"--metrics: unknown metric(s) {', '.join(bad)} (known: {', '.join(RESCORABLE)})")

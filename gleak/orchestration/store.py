@@ -38,21 +38,21 @@ DONE = ("ok", NOT_APPLICABLE)  # statuses a rerun does not recompute
 STATUSES = (*DONE, "failed")  # every status a trial is stored with
 APPLICATION_ID = 0x474C4B31  # "GLK1" in SQLite's header: this file is a gleak results store
 # user_version; a newer one is refused (written by a newer gleak). 2: a reconstruction's arrays carry a digest that
-# binds them to their trial (`arrays_digest`). 3: registered PSNR and IIP columns. An older store is brought up to
+# binds them to their trial (`arrays_digest`). 3: registered PSNR and IIP columns. 4: feature-space MSE. An older store is brought up to
 # this version when a writer opens it (`Store._upgrade`).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _IMAGE_NAME = re.compile(r"^[0-9A-Za-z_-]{1,64}\.png$")
 
 # Contract columns of results.csv first (DESIGN.md), then gleak's own.
 CSV_COLUMNS = [
     "suite", "trial_id", "attack", "attack_params", "defense", "defense_params", "model", "dataset", "batch_size",
     "seed", "status", "mse", "psnr", "ssim", "lpips", "label_acc", "verdict", "seconds", "error",
-    "cosine", "grad_dist", "matched", "image", "extra", "case", "threat_model", "rpsnr", "iip",
+    "cosine", "grad_dist", "matched", "image", "extra", "case", "threat_model", "rpsnr", "iip", "feat_mse",
 ]  # fmt: skip
 METRIC_COLUMNS = {
     "mse": "REAL", "psnr": "REAL", "ssim": "REAL", "lpips": "REAL", "cosine": "REAL", "label_acc": "REAL",
     "grad_dist": "REAL", "matched": "INTEGER", "verdict": "TEXT", "image": "TEXT", "extra": "TEXT",
-    "rpsnr": "REAL", "iip": "REAL",
+    "rpsnr": "REAL", "iip": "REAL", "feat_mse": "REAL",
 }  # fmt: skip
 
 _SCHEMA = f"""
@@ -230,7 +230,8 @@ class Store:
     def _upgrade(self) -> None:
         """Bring a store of an earlier version to this one, in one transaction: version 1 kept arrays without a
         digest, so each is stamped with its trial's now (trusted as stored then, as every row of that version was);
-        version 2 had no registered PSNR and IIP columns (added empty: `gleak rescore` fills them)."""
+        version 2 had no registered PSNR and IIP columns (added empty: `gleak rescore` fills them), version 3 no
+        feature-space MSE (added empty: it needs the attacked model, which the store does not keep; a rerun fills it)."""
         with self.db:
             self.db.execute("BEGIN")
             have = {r[1] for r in self.db.execute("PRAGMA table_info(trials)")}

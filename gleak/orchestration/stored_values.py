@@ -22,7 +22,8 @@ CONFIG_KEYS = ("suite", "attack", "attack_params", "defense", "defense_params", 
 # The metric columns and the closed range of each (PSNR may be +inf in stores written before the ceiling).
 RANGES = {"mse": (0.0, math.inf), "psnr": (0.0, math.inf), "ssim": (-1.0, 1.0), "cosine": (-1.0, 1.0),
           "lpips": (0.0, math.inf), "label_acc": (0.0, 1.0), "grad_dist": (0.0, math.inf), "seconds": (0.0, math.inf),
-          "matched": (0, math.inf), "rpsnr": (0.0, math.inf), "iip": (0.0, 1.0)}  # fmt: skip
+          "matched": (0, math.inf), "rpsnr": (0.0, math.inf), "iip": (0.0, 1.0),
+          "feat_mse": (0.0, math.inf)}  # fmt: skip
 SLACK = 1e-9  # float round-off at a bound (a cosine of 1.0000000000000004 is stored)
 STATUSES = ("ok", "failed", "not-applicable")
 VERDICTS = (None, "recovered", "partial", "defended")

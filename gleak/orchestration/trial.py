@@ -156,7 +156,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     observed = batches[: protocol.observed_clients(len(batches))]  # the samples behind what the attack saw
     done = modality_of(cfg.case).finish(cfg, ds, pool, observed, sent, rec, model_info,
                                         defenses[0].privacy_spent(),  # the victim's accountant, stepped with its noisy steps
-                                        lpips_weights)  # fmt: skip
+                                        lpips_weights, last.at[0])  # fmt: skip
     scores = done.scores
     scores["grad_dist"] = grad_dist
     extra = scores.pop("extra")

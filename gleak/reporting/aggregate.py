@@ -200,7 +200,7 @@ def median_verdict(verdicts: Any) -> str | None:
     return next(k for k, o in VERDICT_ORDER.items() if o == level)
 
 
-SPREAD_METRICS = ("psnr", "mse", "ssim", "lpips", "cosine", "label_acc", "seconds", "rpsnr", "iip")
+SPREAD_METRICS = ("psnr", "mse", "ssim", "lpips", "cosine", "label_acc", "seconds", "rpsnr", "iip", "feat_mse")
 
 
 
@@ -208,13 +208,13 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (case, defense, defense params, attack, attack params) over the trials that finished.
 
     psnr: the median over trials of the trial PSNR (per image capped at PSNR_CEILING); mse_median the median MSE;
-    ssim, lpips, cosine, label_acc, seconds, rpsnr, iip: means. Beside each, METRIC_mean, METRIC_std and METRIC_lo / METRIC_hi
+    ssim, lpips, cosine, label_acc, seconds, rpsnr, iip, feat_mse: means. Beside each, METRIC_mean, METRIC_std and METRIC_lo / METRIC_hi
     (95% interval of the mean over seeds). blind_psnr / blind_mse / blind_ssim: the blind guess on the same batches
     (median, median, mean). verdict: `median_verdict` of the trials' verdicts; recovered: their share recovered."""
     keys = CASE_KEYS + ["variant", "defense", "defense_params", "attack", "attack_params"]
     df = attribute_measured_configuration(df)  # a CGD verdict belongs to the partition it was measured at
     df = df.assign(variant=case_variants(df))
-    # results from before a metric existed (registered PSNR, IIP) lack its column: empty, never zero
+    # results from before a metric existed (registered PSNR, IIP, feature MSE) lack its column: empty, never zero
     df = df.assign(**{m: None for m in SPREAD_METRICS if m not in df})
     if "psnr" in df:  # rows stored before the per-image cap (an older gleak's inf for exact recoveries)
         df = df.assign(psnr=pd.to_numeric(df["psnr"], errors="coerce").clip(upper=PSNR_CEILING))
@@ -235,7 +235,7 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
                 row[f"{m}_{k}"] = st[k]
         row["psnr"] = float(ok["psnr"].dropna().median()) if has_img else None
         row["mse_median"] = float(ok["mse"].dropna().median()) if has_img else None
-        for m in ("ssim", "lpips", "cosine", "label_acc", "seconds", "rpsnr", "iip"):
+        for m in ("ssim", "lpips", "cosine", "label_acc", "seconds", "rpsnr", "iip", "feat_mse"):
             row[m] = row[f"{m}_mean"]
         row["labels_exact"] = f"{int((ok['label_acc'] == 1.0).sum())}/{len(ok)}" if ok["label_acc"].notna().any() else None
         blind = ok[ok["mse"].notna()]

@@ -107,7 +107,7 @@ def _load_committed(folder: Path) -> dict[str, Any]:
     df = tables.unquoted(df.astype(object).where(df.notna(), None))  # the text as stored (a formula-like cell quoted)
     df = with_threat_models(df)
     for c in ("mse", "psnr", "ssim", "lpips", "label_acc", "cosine", "grad_dist", "seconds", "matched", "batch_size", "seed",
-              "rpsnr", "iip"):
+              "rpsnr", "iip", "feat_mse"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     utility = tables.unquoted(pd.read_csv(folder / "utility.csv")) if (folder / "utility.csv").is_file() else None
     cfg = meta.get("utility_config")
