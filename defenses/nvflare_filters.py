@@ -130,8 +130,9 @@ class SVT(Defense):
     Parameters
     ----------
     fraction: the share of entries released (default 0.1).
-    epsilon: the budget of the selection, split as eps_threshold = epsilon / (1 + (2c)^(2/3)) and eps_query =
-        epsilon - eps_threshold (Lyu et al.'s optimal split, FLARE's default; default 0.1).
+    selection_epsilon: FLARE's `epsilon` (renamed: a gleak defense's `epsilon` is the method that reports its DP
+        guarantee), the budget of the selection, split as eps_threshold = selection_epsilon / (1 + (2c)^(2/3)) and
+        eps_query = selection_epsilon - eps_threshold (Lyu et al.'s optimal split, FLARE's default; default 0.1).
     noise_var: the release budget per released entry, eps_release = c * noise_var (FLARE's name; not a variance;
         default 0.1).
     gamma: the clipping bound (default 1e-5); tau: the threshold's offset (default 1e-6).
@@ -143,9 +144,10 @@ class SVT(Defense):
     used here, has the same distribution.
     """
 
-    def __init__(self, fraction: float = 0.1, epsilon: float = 0.1, noise_var: float = 0.1, gamma: float = 1e-5,
-                 tau: float = 1e-6, replace: bool = True):  # fmt: skip
-        for name, v, lo_open in (("fraction", fraction, True), ("epsilon", epsilon, True), ("noise_var", noise_var, True),
+    def __init__(self, fraction: float = 0.1, selection_epsilon: float = 0.1, noise_var: float = 0.1,
+                 gamma: float = 1e-5, tau: float = 1e-6, replace: bool = True):  # fmt: skip
+        for name, v, lo_open in (("fraction", fraction, True), ("selection_epsilon", selection_epsilon, True),
+                                 ("noise_var", noise_var, True),
                                  ("gamma", gamma, True), ("tau", tau, False)):  # fmt: skip
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (lo_open and v == 0):
                 raise ValueError(f"{name} must be a {'positive' if lo_open else 'non-negative'} number, got {v!r}")
@@ -153,13 +155,13 @@ class SVT(Defense):
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         if not isinstance(replace, bool):
             raise ValueError(f"replace must be true or false, got {replace!r}")
-        self.fraction, self.epsilon, self.noise_var = fraction, epsilon, noise_var
+        self.fraction, self.selection_epsilon, self.noise_var = fraction, selection_epsilon, noise_var
         self.gamma, self.tau, self.replace = gamma, tau, replace
 
     def budgets(self, c: int) -> tuple[float, float, float]:
         """(eps_threshold, eps_query, eps_release) for c released entries."""
-        eps_threshold = self.epsilon / (1 + (2 * c) ** (2 / 3))
-        return eps_threshold, self.epsilon - eps_threshold, c * self.noise_var
+        eps_threshold = self.selection_epsilon / (1 + (2 * c) ** (2 / 3))
+        return eps_threshold, self.selection_epsilon - eps_threshold, c * self.noise_var
 
     def transform(self, update: Update, rng: torch.Generator) -> Update:
         vectors = [n for n in update.names() if update[n].dim() > 0]

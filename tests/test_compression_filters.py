@@ -197,6 +197,6 @@ def test_svt_selects_the_large_entries_when_its_selection_budget_is_large():
     u = Update({"w": w})
     hits = []
     for eps in (1e4, 0.1):
-        sent = create("defense", "svt", fraction=0.1, epsilon=eps, gamma=1.0, tau=0.5, noise_var=1e12).transform(u, _rng(1))
+        sent = create("defense", "svt", fraction=0.1, selection_epsilon=eps, gamma=1.0, tau=0.5, noise_var=1e12).transform(u, _rng(1))
         hits.append(float((sent["w"][big] != 0).float().sum()) / float((sent["w"] != 0).sum()))
     assert hits[0] == 1.0 and hits[1] < 0.5, hits

@@ -43,6 +43,29 @@ def test_a_bad_defense_fails_the_check(tmp_path):
     assert {"deterministic under a seed", "does not mutate its input"} <= failed
 
 
+def test_a_parameter_named_like_a_method_of_its_base_fails_the_check(tmp_path):
+    """A defense whose parameter is called `epsilon` stores a number where the trial calls Defense.epsilon(): the
+    utility run then fails with "'float' object is not callable". The check names the parameter and the method."""
+    from gleak.contracts.registry import load_plugin_file
+
+    f = tmp_path / "shadow_defense.py"
+    f.write_text(textwrap.dedent('''
+        from gleak import register_defense
+        from gleak.contracts.plugin import Defense
+
+        @register_defense("test-shadow-defense")
+        class Shadow(Defense):
+            """Keeps a privacy budget under the name of the method that reports one."""
+            def __init__(self, epsilon: float = 0.1, sigma: float = 1.0):
+                self.epsilon, self.sigma = epsilon, sigma
+    '''))
+    load_plugin_file(f)
+    checks = {c.name: c for c in check_plugin("defense", "test-shadow-defense")}
+    shadow = checks["parameters shadow no method"]
+    assert not shadow.passed and "epsilon" in shadow.detail and "Defense" in shadow.detail and "sigma" not in shadow.detail
+    assert checks["parameters are typed"].passed
+
+
 def test_an_attack_that_crashes_on_other_cases_fails(tmp_path):
     from gleak.contracts.registry import load_plugin_file
 

@@ -14,19 +14,21 @@ from gleak.contracts.plugin import Plugin
 
 CHECK_NAMES = {
     "attack": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
-               "needs names known knowledge", "unsupported cases raise UnsupportedCase only", "supports a standard case",
-               "output shapes and dtypes", "deterministic under a seed", "does not mutate the observation",
-               "extra is JSON", "prepare does not modify the model in place", "models change only through the hooks"],
+               "parameters shadow no method", "needs names known knowledge",
+               "unsupported cases raise UnsupportedCase only", "supports a standard case", "output shapes and dtypes",
+               "deterministic under a seed", "does not mutate the observation", "extra is JSON",
+               "prepare does not modify the model in place", "models change only through the hooks"],
     "defense": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
-                "layout and dtype preserved", "deterministic under a seed", "does not mutate its input",
-                "finite on zero and tiny updates", "client gradient well formed", "no round hooks",
-                "declares the inputs it trains on"],
+                "parameters shadow no method", "layout and dtype preserved", "deterministic under a seed",
+                "does not mutate its input", "finite on zero and tiny updates", "client gradient well formed",
+                "no round hooks", "declares the inputs it trains on"],
     "protocol": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
-                 "client models", "client update well formed", "observer view well formed", "observer model",
-                 "server step moves the models", "rounds run deterministically", "trains for utility"],
+                 "parameters shadow no method", "client models", "client update well formed",
+                 "observer view well formed", "observer model", "server step moves the models",
+                 "rounds run deterministically", "trains for utility"],
     "model": ["own docstring", "docstring summary", "parameters have defaults", "parameters are typed",
-              "builds for a case", "forward shape", "parameter names", "deterministic under a seed",
-              "a trial runs on it"],
+              "parameters shadow no method", "builds for a case", "forward shape", "parameter names",
+              "deterministic under a seed", "a trial runs on it"],
 }  # fmt: skip
 # Methods of a Protocol, not of a Defense: defining one on a defense is a mistake the trial would ignore.
 ROUND_HOOKS = ("observe", "client_models", "observed_rounds", "next_models", "observer_model", "train_utility", "server_step")
@@ -76,6 +78,11 @@ def _meta_checks(kind: str, name: str) -> list[Check]:
     out.append(Check("parameters have defaults", not required, ", ".join(required)))
     untyped = [p.name for p in params if p.annotation is Any]
     out.append(Check("parameters are typed", not untyped, ", ".join(untyped)))
+    # A parameter is stored as an attribute of its name (get_params reads it back): one named like a method the
+    # trial calls (a defense's `epsilon`) replaces that method with a number on every instance.
+    shadowed = [f"{p.name} (a method of {c.__name__})" for p in params for c in inspect.getmro(info.obj)[1:]
+                if p.name in vars(c) and callable(vars(c)[p.name])] if inspect.isclass(info.obj) else []  # fmt: skip
+    out.append(Check("parameters shadow no method", not shadowed, ", ".join(dict.fromkeys(shadowed))))
     return out
 
 
