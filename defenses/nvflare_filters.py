@@ -97,10 +97,10 @@ class Percentile(Defense):
     """
 
     def __init__(self, percentile: float = 10.0, gamma: float = 0.01):
-        if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) or not 0 <= percentile <= 100:
-            raise ValueError(f"percentile must be a number in [0, 100], got {percentile!r}")
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 < gamma < math.inf:
-            raise ValueError(f"gamma must be a positive number, got {gamma!r}")
+        if not 0 <= percentile <= 100:
+            raise ValueError(f"percentile must be in [0, 100], got {percentile}")
+        if not 0 < gamma < math.inf:
+            raise ValueError(f"gamma must be positive and finite, got {gamma}")
         self.percentile, self.gamma = percentile, gamma
 
     def transform(self, update: Update, rng: torch.Generator) -> Update:
@@ -146,15 +146,13 @@ class SVT(Defense):
 
     def __init__(self, fraction: float = 0.1, selection_epsilon: float = 0.1, noise_var: float = 0.1,
                  gamma: float = 1e-5, tau: float = 1e-6, replace: bool = True):  # fmt: skip
-        for name, v, lo_open in (("fraction", fraction, True), ("selection_epsilon", selection_epsilon, True),
-                                 ("noise_var", noise_var, True),
-                                 ("gamma", gamma, True), ("tau", tau, False)):  # fmt: skip
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (lo_open and v == 0):
-                raise ValueError(f"{name} must be a {'positive' if lo_open else 'non-negative'} number, got {v!r}")
-        if fraction > 1:
+        for name, v in (("selection_epsilon", selection_epsilon), ("noise_var", noise_var), ("gamma", gamma)):
+            if not 0 < v < math.inf:
+                raise ValueError(f"{name} must be positive and finite, got {v}")
+        if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-        if not isinstance(replace, bool):
-            raise ValueError(f"replace must be true or false, got {replace!r}")
+        if not 0 <= tau < math.inf:
+            raise ValueError(f"tau must be non-negative and finite, got {tau}")
         self.fraction, self.selection_epsilon, self.noise_var = fraction, selection_epsilon, noise_var
         self.gamma, self.tau, self.replace = gamma, tau, replace
 

@@ -45,8 +45,6 @@ class Sign(Defense):
 
     def __init__(self, scale: Literal["none", "mean"] = "none", error_feedback: bool = False):
         check_choice("scale", scale, SCALES)
-        if not isinstance(error_feedback, bool):
-            raise ValueError(f"error_feedback must be true or false, got {error_feedback!r}")
         self.scale, self.error_feedback = scale, error_feedback
         self._feedback = ErrorFeedback()
         self.stateful = error_feedback
