@@ -23,15 +23,9 @@ from torch import Tensor
 from gleak.contracts.plugin import Defense
 from gleak.contracts.registry import register_defense
 from gleak.contracts.wire import Update
+from gleak.defenses.noise import sample_noise
 
 MAX_PASSES = 100_000  # SVT's selection passes; each accepts every remaining entry with a positive probability
-
-
-def laplace(shape: tuple[int, ...], scale: float, rng: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
-    """Laplace(0, scale) draws from `rng` (inverse CDF of a uniform on (-1/2, 1/2))."""
-    u = torch.rand(shape, generator=rng, dtype=torch.float64) - 0.5
-    u = u.clamp(-0.5 + 1e-16, 0.5 - 1e-16)  # log(0) at the open interval's ends
-    return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).to(dtype)
 
 
 @register_defense("exclude-vars")
@@ -171,13 +165,17 @@ class SVT(Defense):
         eps_t, eps_q, eps_r = self.budgets(c)
         clipped = w.clamp(-self.gamma, self.gamma)
         q = clipped.abs()
-        threshold = self.tau + float(laplace((1,), self.gamma / eps_t, rng))
+
+        def lap(n: int, scale: float) -> Tensor:  # the noise defense's Laplace sampler, drawn from the client's rng
+            return sample_noise(torch.Size([n]), scale, "laplace", rng, torch.float64)
+
+        threshold = self.tau + float(lap(1, self.gamma / eps_t)[0])
         accepted = torch.zeros(n, dtype=torch.bool)
         for _ in range(MAX_PASSES):
             if int(accepted.sum()) >= c:
                 break
             cand = (~accepted).nonzero().flatten()
-            hit = q[cand] + laplace((len(cand),), 2 * self.gamma * c / eps_q, rng) >= threshold
+            hit = q[cand] + lap(len(cand), 2 * self.gamma * c / eps_q) >= threshold
             accepted[cand[hit]] = True
         else:
             raise RuntimeError(f"svt: fewer than {c} entries accepted after {MAX_PASSES} passes")
@@ -187,6 +185,6 @@ class SVT(Defense):
         else:
             pick = pool[torch.randperm(len(pool), generator=rng)[:c]]
         out = torch.zeros_like(w)
-        out[pick] = clipped[pick] + laplace((len(pick),), 2 * self.gamma * c / eps_r, rng)
+        out[pick] = clipped[pick] + lap(len(pick), 2 * self.gamma * c / eps_r)
         pieces = dict(zip(vectors, out.split([update[v].numel() for v in vectors])))
         return update.map(lambda name, a: pieces[name].reshape(a.shape).to(a) if name in pieces else a.clone())
