@@ -10,12 +10,14 @@ from gleak.contracts.errors import UnknownPluginError, Where
 from gleak.contracts.errors import did_you_mean as _close
 
 CLAIM_KEYS = {"source", "claim", "setting", "defense", "defense_params", "attacks", "attack_params", "case", "expect",
-              "quantifier"}
+              "quantifier", "than", "than_params", "metric", "factor"}
+COMPARISON_KEYS = ("than", "than_params", "metric", "factor")  # an attack-against-attack claim's keys (expect = "beats")
 # A claim's quantifier (gleak.reporting.claims): "no input" (expect defended: no deciding victim is recovered),
 # "some input" (expect leaks: a deciding attack leaks), "most inputs" (expect leaks: more than half of the deciding
-# samples are recovered exactly).
-QUANTIFIERS = {"defended": ("no input",), "leaks": ("some input", "most inputs")}
-EXPECT = ("defended", "leaks")  # a claim's `expect`: what its attacks' verdict must be (gleak.reporting.claims judges it)
+# samples are recovered exactly), "on average" (expect beats: the claim's attack's mean `metric` over the setting's
+# trials is at least `factor` times the `than` attack's over the same victims).
+QUANTIFIERS = {"defended": ("no input",), "leaks": ("some input", "most inputs"), "beats": ("on average",)}
+EXPECT = tuple(QUANTIFIERS)  # a claim's `expect`: what its attacks' verdict must be (gleak.reporting.claims judges it)
 
 
 def parse_claims(raw: Any, where: Where) -> list[dict[str, Any]]:
@@ -45,17 +47,7 @@ def parse_claims(raw: Any, where: Where) -> list[dict[str, Any]]:
         if quantifier not in QUANTIFIERS[c["expect"]]:
             raise where.error(t, "quantifier", f"with expect = {c['expect']!r} must be one of "
                                                f"{', '.join(map(repr, QUANTIFIERS[c['expect']]))}, got {quantifier!r}")  # fmt: skip
-        try:
-            defense = registry.resolve_name("defense", c["defense"])
-            info = registry.plugin_info("defense", defense)
-        except UnknownPluginError as exc:
-            raise where.error(t, "defense", str(exc)) from None
-        params = c.get("defense_params", {})
-        if not isinstance(params, dict):
-            raise where.error(t, "defense_params", f"must be a table, got {params!r}")
-        for k in params:
-            if k not in info.params:
-                raise where.error(t, f"defense_params.{k}", f"defense {defense!r} has no parameter {k!r}{_close(k, info.params)}")
+        defense, params = _plugin_and_params(c, "defense", "defense", "defense_params", t, where)
         attacks = c["attacks"]
         if not isinstance(attacks, list) or not attacks or not all(isinstance(a, str) for a in attacks):
             raise where.error(t, "attacks", f"must be a non-empty list of attack names, got {attacks!r}")
@@ -76,11 +68,52 @@ def parse_claims(raw: Any, where: Where) -> list[dict[str, Any]]:
         if "setting" in c and (not isinstance(c["setting"], str) or not c["setting"]):
             raise where.error(t, "setting", f"must be a non-empty string, got {c['setting']!r}")
         case = _claim_case(c.get("case", {}), t, where)
+        comparison = _comparison(c, t, where)
         out.append({"source": c["source"], "claim": c["claim"], "setting": c.get("setting", ""), "defense": defense,
                     "defense_params": dict(params), "attacks": names, "attack_params": dict(attack_params),
-                    "case": case, "expect": c["expect"],
+                    "case": case, "expect": c["expect"], **comparison,
                     **({"quantifier": quantifier} if quantifier != QUANTIFIERS[c["expect"]][0] else {})})  # fmt: skip
     return out
+
+
+def _plugin_and_params(c: dict[str, Any], kind: str, key: str, params_key: str, t: str, where: Where) -> tuple[str, dict]:
+    """The plugin named by c[key] (its current name) and c[params_key], each parameter one it has."""
+    try:
+        name = registry.resolve_name(kind, c[key])
+        info = registry.plugin_info(kind, name)
+    except UnknownPluginError as exc:
+        raise where.error(t, key, str(exc)) from None
+    params = c.get(params_key, {})
+    if not isinstance(params, dict):
+        raise where.error(t, params_key, f"must be a table, got {params!r}")
+    for k in params:
+        if k not in info.params:
+            raise where.error(t, f"{params_key}.{k}", f"{kind} {name!r} has no parameter {k!r}{_close(k, info.params)}")
+    return name, params
+
+
+def _comparison(c: dict[str, Any], t: str, where: Where) -> dict[str, Any]:
+    """An attack-against-attack claim's keys (expect = "beats"): the attack it beats (`than`, resolved, with
+    `than_params`), the text metric compared and the factor claimed (default 1: better on average)."""
+    from gleak.mechanics.text.metrics import COMPARED
+
+    if c["expect"] != "beats":
+        for k in COMPARISON_KEYS:
+            if k in c:
+                raise where.error(t, k, 'only a claim with expect = "beats" compares attacks')
+        return {}
+    for k in ("than", "metric"):
+        if k not in c:
+            raise where.error(t, k, 'missing (expect = "beats" compares the claim\'s attacks with the attack `than` on `metric`)')
+    if not isinstance(c["than"], str) or not c["than"]:
+        raise where.error(t, "than", f"must be an attack name, got {c['than']!r}")
+    than, params = _plugin_and_params(c, "attack", "than", "than_params", t, where)
+    if c["metric"] not in COMPARED:
+        raise where.error(t, "metric", f"must be one of {', '.join(COMPARED)} (higher leaks more), got {c['metric']!r}")
+    factor = c.get("factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise where.error(t, "factor", f"must be a number > 0, got {factor!r}")
+    return {"than": than, "than_params": dict(params), "metric": c["metric"], "factor": float(factor)}
 
 
 def _claim_case(case: Any, t: str, where: Where) -> dict[str, Any]:

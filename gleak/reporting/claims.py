@@ -42,39 +42,25 @@ from typing import Any
 import pandas as pd
 
 from gleak.mechanics.metrics import leakiest_first
+from gleak.reporting.claim_setting import CASE_COLUMNS, LEAKING, MIN_VICTIMS, case_matches, params_match, params_of, wilson
+from gleak.reporting.text_claims import is_text_claim, judge_text
 from gleak.reporting.documents.cells import data, params_text
 
-LEAKING = ("partial", "recovered")
 VERDICTS = ("holds", "falls", "not reproduced", "inconclusive", "not run")
-CASE_COLUMNS = ("dataset", "model", "batch_size")  # the aggregated frame's own case columns; other keys: its `case`
-
-
-def _params(js: Any) -> dict[str, Any]:
-    return json.loads(js) if isinstance(js, str) and js else {}
-
-
-def _matches(params_js: Any, wanted: dict[str, Any]) -> bool:
-    have = _params(params_js)
-    return all(k in have and have[k] == v for k, v in wanted.items())
 
 
 def _is_aware(attack_params_js: Any) -> bool:
-    return bool(_params(attack_params_js).get("defense_aware"))
+    return bool(params_of(attack_params_js).get("defense_aware"))
 
 
 def _plain_params(attack_params_js: Any) -> str:
     """The attack's parameters without `defense_aware`: an adaptive attack's undefended twin has the same."""
-    return json.dumps({k: v for k, v in _params(attack_params_js).items() if k != "defense_aware"}, sort_keys=True)
-
-
-def _case_matches(r: Any, case: dict[str, Any]) -> bool:
-    full = _params(r.get("case")) if isinstance(r.get("case"), str) else {}
-    return all((r[k] == v) if k in CASE_COLUMNS else (full.get(k) == v) for k, v in case.items())
+    return json.dumps({k: v for k, v in params_of(attack_params_js).items() if k != "defense_aware"}, sort_keys=True)
 
 
 def _case_key(js: Any) -> str:
     """A trial's case without the protocol it names: the case an undefended twin shares."""
-    return json.dumps({k: v for k, v in _params(js).items() if k not in ("protocol", "protocol_params")}, sort_keys=True)
+    return json.dumps({k: v for k, v in params_of(js).items() if k not in ("protocol", "protocol_params")}, sort_keys=True)
 
 
 def _strongest(g: pd.DataFrame) -> Any:
@@ -87,8 +73,8 @@ def _strongest(g: pd.DataFrame) -> Any:
 def at_setting(claim: dict[str, Any], agg: pd.DataFrame) -> pd.Series:
     """Which aggregated cells of the claim's defense and attacks are at the claim's own setting."""
     wanted_attack = claim.get("attack_params", {})
-    return pd.Series([_matches(r["defense_params"], claim.get("defense_params", {})) and _case_matches(r, claim.get("case", {}))
-                      and _matches(r["attack_params"], wanted_attack) for _, r in agg.iterrows()], index=agg.index, dtype=bool)  # fmt: skip
+    return pd.Series([params_match(r["defense_params"], claim.get("defense_params", {})) and case_matches(r, claim.get("case", {}))
+                      and params_match(r["attack_params"], wanted_attack) for _, r in agg.iterrows()], index=agg.index, dtype=bool)  # fmt: skip
 
 
 def undefended_twin(r: Any, agg: pd.DataFrame) -> Any:
@@ -104,15 +90,6 @@ def undefended_twin(r: Any, agg: pd.DataFrame) -> Any:
     if len(exact):
         return _strongest(exact)
     return _strongest(same_case[same_case["attack_params"].map(_plain_params) == _plain_params(r["attack_params"])])
-
-
-def wilson(k: int, n: int) -> tuple[float, float] | None:
-    """The 95% Wilson score interval of a share k / n (None for n = 0)."""
-    if n <= 0:
-        return None
-    z, p = 1.959963984540054, k / n
-    centre, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))
 
 
 def recovered_count(r: Any) -> tuple[int, int] | None:
@@ -137,7 +114,7 @@ def variant_text(attack: str, params_js: Any) -> str:
     """The attack's parameters that differ from its defaults ('gain=1000000.0'), so that a row names the variant
     that decides it; defense_aware is said in words by the caller."""
     base = _defaults(attack)
-    diff = [f"{k}={v}" for k, v in sorted(_params(params_js).items())
+    diff = [f"{k}={v}" for k, v in sorted(params_of(params_js).items())
             if k != "defense_aware" and k in base and (base[k] or None) != (v or None)]  # {} and None: both unset
     return f" [{', '.join(diff)}]" if diff else ""
 
@@ -183,9 +160,6 @@ def judge(claim: dict[str, Any], agg: pd.DataFrame) -> dict[str, Any]:
     said = _verdict(claim["expect"], out["plain"], out["adaptive"], twins, fit)
     said = _quantified(claim, said, fit, out["plain"], out["adaptive"])
     return {**out, **said, "why": said["why"] + out.get("not_applicable", "")}
-
-
-MIN_VICTIMS = 5  # a claim that no input is recovered needs at least this many deciding trials
 
 
 def _quantified(claim: dict[str, Any], said: dict[str, str], fit: pd.DataFrame, plain: Any, adaptive: Any) -> dict[str, str]:
@@ -253,13 +227,13 @@ def _verdict(expect: str, plain: Any, adaptive: Any, twins: dict, fit: pd.DataFr
 
 
 def _varying(rows: pd.DataFrame, col: str) -> list[str]:
-    ps = [_params(js) for js in rows[col]]
+    ps = [params_of(js) for js in rows[col]]
     keys = sorted(set().union(*ps)) if ps else []
     return [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for p in ps}) > 1]
 
 
 def _cell_setting(r: Any, dkeys: list[str], akeys: list[str]) -> str:
-    dp, ap = _params(r["defense_params"]), _params(r["attack_params"])
+    dp, ap = params_of(r["defense_params"]), params_of(r["attack_params"])
     parts = [f"{k}={dp.get(k)}" for k in dkeys] + [f"{k}={ap.get(k)}" for k in akeys if k != "defense_aware"]
     parts += [f"{r['model']}, batch {int(r['batch_size'])}"]
     return ", ".join(parts)
@@ -305,27 +279,44 @@ RULES = ("One verdict per claim, judged only on the cells at the claim's own set
          "attack at the setting recovers the undefended case; not run: no trial at the setting. Each side is the "
          "deciding attack with the highest median PSNR; the attack that knows the defense is the same attack with "
          "defense_aware = true (the defense's name and parameters, never its randomness). Recovered: the trials whose "
-         "verdict is recovered, with the 95% Wilson interval.")  # fmt: skip
+         "verdict is recovered, with the 95% Wilson interval.")
+TEXT_RULES = ("Text claims are judged the same way on the text verdicts (ROUGE; a claim about the undefended case is "
+              "about the attack, so every attack decides); a claim that one attack beats another holds where its mean "
+              "score over the setting's victims is at least the claimed factor times the other's on the same victims.")  # fmt: skip
+
+
+def _expects(claim: dict[str, Any]) -> str:
+    if claim["expect"] == "beats":
+        return f"beats {claim['than']} on {claim['metric']} by at least {claim.get('factor', 1.0):g}x"
+    return claim["expect"]
 
 
 def claim_blocks(claims: list[dict[str, Any]], agg: pd.DataFrame, df: pd.DataFrame | None = None) -> list[tuple]:
     """The 'Published claims' section (report blocks), or nothing where the suite states no claim."""
     if not claims:
         return []
-    rows, counts = [], {v: 0 for v in VERDICTS}
+    rows, counts, any_text = [], {v: 0 for v in VERDICTS}, False
     for claim in claims:
+        if is_text_claim(claim, df):
+            any_text = True
+            jt = judge_text(claim, df)
+            counts[jt["verdict"]] += 1
+            rows.append([data(claim["source"]), data(claim["claim"]), data(claim.get("setting") or "not stated"),
+                         data(_expects(claim)), f"{jt['verdict']}: {jt['why']}", data(jt["evidence"]), "-",
+                         data(jt["twin"]), "-", "-"])  # fmt: skip
+            continue
         j = judge(claim, agg)
         counts[j["verdict"]] += 1
         deciding = j["plain"] if j["plain"] is not None else j["adaptive"]
         twin = _twin_of(deciding, j["twin"], j["here"]) if deciding is not None else None
         twin_text = evidence_text(twin) if twin is not None else "-"
-        rows.append([data(claim["source"]), data(claim["claim"]), data(claim.get("setting") or "not stated"), data(claim["expect"]),
+        rows.append([data(claim["source"]), data(claim["claim"]), data(claim.get("setting") or "not stated"), data(_expects(claim)),
                      f"{j['verdict']}: {j['why']}", evidence_text(j["plain"]), evidence_text(j["adaptive"]), twin_text,
                      best_image(deciding, df) or "-", elsewhere_text(j) or "-"])  # fmt: skip
     header = ["source", "claim", "setting (the paper's)", "expects", "claim verdict", "evidence: attack ignoring the defense",
               "evidence: attack knowing the defense", "same attack, no defense, same case", "best trial", "at another setting"]  # fmt: skip
     tally = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-    intro = f"Each claim from its source, judged on this suite's own trials at the claim's own setting: {tally}. {RULES}"
+    intro = f"Each claim from its source, judged on this suite's own trials at the claim's own setting: {tally}. {RULES}" + (f" {TEXT_RULES}" if any_text else "")
     return [("h2", "Published claims"), ("p", intro), ("table", header, rows)]
 
 

@@ -36,6 +36,7 @@ from gleak.mechanics.verdicts import text_verdict
 
 PAD_ID = 0
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
+COMPARED = (*ROUGE_KEYS, "token_acc", "bleu", "token_set_f1")  # the scores a claim may compare attacks on (higher leaks)
 
 
 class _Tokens:

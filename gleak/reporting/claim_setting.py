@@ -1,0 +1,35 @@
+"""What the image and the text claims share: which rows are at a claim's setting, the verdicts that leak, the
+least number of deciding victims, and the interval of a recovered share (gleak.reporting.claims,
+gleak.reporting.text_claims)."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+LEAKING = ("partial", "recovered")
+CASE_COLUMNS = ("dataset", "model", "batch_size")  # the aggregated frame's own case columns; other keys: its `case`
+MIN_VICTIMS = 5  # a claim that no input is recovered needs at least this many deciding trials
+
+
+def params_of(js: Any) -> dict[str, Any]:
+    return json.loads(js) if isinstance(js, str) and js else {}
+
+
+def params_match(params_js: Any, wanted: dict[str, Any]) -> bool:
+    have = params_of(params_js)
+    return all(k in have and have[k] == v for k, v in wanted.items())
+
+
+def case_matches(r: Any, case: dict[str, Any]) -> bool:
+    full = params_of(r.get("case")) if isinstance(r.get("case"), str) else {}
+    return all((r[k] == v) if k in CASE_COLUMNS else (full.get(k) == v) for k, v in case.items())
+
+
+def wilson(k: int, n: int) -> tuple[float, float] | None:
+    """The 95% Wilson score interval of a share k / n (None for n = 0)."""
+    if n <= 0:
+        return None
+    z, p = 1.959963984540054, k / n
+    centre, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))

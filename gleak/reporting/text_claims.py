@@ -1,0 +1,131 @@
+"""Published claims about text attacks, judged on the text trials (ROUGE, not PSNR), with the image claims' rules.
+
+gleak.reporting.claims judges a claim on the aggregated image cells; a claim whose trials at its setting are text
+trials (gleak.reporting.documents.text.text_rows) is judged here, trial by trial, with the same verdicts:
+
+- expect "leaks" / "defended": a cell is one (attack, attack parameters, case) at the claim's defense; its verdict is
+  the median of its trials' text verdicts (gleak.mechanics.verdicts.text_verdict). Against a defense, an attack
+  decides only where its undefended twin (same attack, parameters and case, no defense) is recovered, as for
+  images; a claim about the undefended case (defense "none") is about the attack itself, so every cell decides.
+  "no input" holds only where none of n >= 5 deciding trials is recovered.
+- expect "beats" (an attack against an attack): the claim's attack's mean `metric` over the setting's victims
+  against the `than` attack's on the same victims (same case, defense and seed); holds where the ratio is at least
+  `factor`; falls where it is not, with both means and the ratio.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from gleak.reporting.aggregate import median_verdict
+from gleak.reporting.claim_setting import LEAKING, MIN_VICTIMS, case_matches, params_match, wilson
+from gleak.reporting.documents.text import text_rows
+
+PAIR_KEYS = ("dataset", "model", "batch_size", "seq_len", "defense", "defense_params", "seed")
+CELL_KEYS = ("dataset", "model", "batch_size", "seq_len", "attack", "attack_params")
+
+
+def _at_setting(t: pd.DataFrame, claim: dict[str, Any], attacks: list[str], attack_params: dict[str, Any]) -> pd.DataFrame:
+    keep = [r["attack"] in attacks and r["defense"] == claim["defense"] and params_match(r["defense_params"], claim.get("defense_params", {}))
+            and case_matches(r, claim.get("case", {})) and params_match(r["attack_params"], attack_params) for _, r in t.iterrows()]  # fmt: skip
+    return t[pd.Series(keep, index=t.index, dtype=bool)] if len(t) else t
+
+
+def is_text_claim(claim: dict[str, Any], df: pd.DataFrame | None) -> bool:
+    """True where the claim compares attacks, or its setting's trials are text trials."""
+    if claim.get("expect") == "beats":
+        return True
+    return df is not None and len(_at_setting(text_rows(df), claim, claim["attacks"], claim.get("attack_params", {}))) > 0
+
+
+def _label(attack: str, params: dict[str, Any]) -> str:
+    return attack + (f" [{', '.join(f'{k}={v}' for k, v in sorted(params.items()))}]" if params else "")
+
+
+def _cell_text(g: pd.DataFrame) -> str:
+    r = g.iloc[0]
+    rec = int((g["verdict"] == "recovered").sum())
+    lo, hi = wilson(rec, len(g)) or (0.0, 1.0)
+    return (f"{r['attack']} B={int(r['batch_size'])} L={r['seq_len']}: {median_verdict(g['verdict'].dropna())}, "
+            f"ROUGE-1 {pd.to_numeric(g['rouge1']).mean():.2f}, ROUGE-2 {pd.to_numeric(g['rouge2']).mean():.2f}, "
+            f"{rec}/{len(g)} recovered [95% {lo:.0%}, {hi:.0%}]")  # fmt: skip
+
+
+def judge_text(claim: dict[str, Any], df: pd.DataFrame) -> dict[str, Any]:
+    """The claim's verdict (gleak.reporting.claims.VERDICTS), why, and its evidence (text)."""
+    t = text_rows(df)
+    if claim["expect"] == "beats":
+        return _judge_beats(claim, t)
+    here = _at_setting(t, claim, claim["attacks"], claim.get("attack_params", {}))
+    if not len(here):
+        return {"verdict": "not run", "why": "no trial of this suite is at the claim's setting", "evidence": "-", "twin": "-"}
+    cells = [g for _, g in here.groupby(list(CELL_KEYS), sort=False, dropna=False)]
+    twins: list[pd.DataFrame | None] = []
+    for g in cells:
+        r = g.iloc[0]
+        tw = t[(t["defense"] == "none") & (t["attack"] == r["attack"]) & (t["attack_params"] == r["attack_params"])
+               & (t["dataset"] == r["dataset"]) & (t["model"] == r["model"]) & (t["batch_size"] == r["batch_size"])
+               & (t["seq_len"] == r["seq_len"])]  # fmt: skip
+        twins.append(tw if len(tw) else None)
+    if claim["defense"] == "none":  # a claim about the attack itself: every cell decides
+        deciding = cells
+    else:
+        deciding = [g for g, tw in zip(cells, twins) if tw is not None and median_verdict(tw["verdict"].dropna()) == "recovered"]
+    twin_text = "; ".join(_cell_text(tw) for tw in twins if tw is not None) or "-"
+    if not deciding:
+        return {"verdict": "inconclusive", "why": "no attack here recovers the undefended case, so none can judge the defense",
+                "evidence": "; ".join(_cell_text(g) for g in cells), "twin": twin_text}  # fmt: skip
+    strongest = max(deciding, key=lambda g: float(pd.to_numeric(g["rouge1"]).mean()))
+    leaking = [g for g in deciding if median_verdict(g["verdict"].dropna()) in LEAKING]
+    k = sum(int((g["verdict"] == "recovered").sum()) for g in deciding)
+    n = sum(len(g) for g in deciding)
+    lo, hi = wilson(k, n) or (0.0, 1.0)
+    evidence = "; ".join(_cell_text(g) for g in deciding)
+    if claim["expect"] == "defended":
+        if leaking:
+            verdict, why = "falls", f"{_cell_text(max(leaking, key=lambda g: float(pd.to_numeric(g['rouge1']).mean())))} leaks"
+        elif k:
+            verdict, why = "falls", f"falls for {k} of {n} victims [95% {lo:.0%}, {hi:.0%}]"
+        elif n < MIN_VICTIMS:
+            verdict, why = "inconclusive", f"0 of {n} deciding trials recovered: at least {MIN_VICTIMS} are needed"
+        else:
+            verdict, why = "holds", f"0 of {n} deciding trials recovered [95% {lo:.0%}, {hi:.0%}]; strongest {_cell_text(strongest)}"
+        return {"verdict": verdict, "why": why, "evidence": evidence, "twin": twin_text}
+    if not leaking:
+        return {"verdict": "not reproduced", "why": f"no deciding attack leaks; strongest {_cell_text(strongest)}",
+                "evidence": evidence, "twin": twin_text}  # fmt: skip
+    best = max(leaking, key=lambda g: float(pd.to_numeric(g["rouge1"]).mean()))
+    if claim.get("quantifier") == "most inputs":
+        share = float((best["verdict"] == "recovered").mean())
+        if share <= 0.5:
+            return {"verdict": "not reproduced", "why": f"most inputs: {share:.0%} of the victims recovered (more than "
+                    f"half needed); {_cell_text(best)}", "evidence": evidence, "twin": twin_text}  # fmt: skip
+    return {"verdict": "holds", "why": f"{_cell_text(best)} leaks", "evidence": evidence, "twin": twin_text}
+
+
+def _judge_beats(claim: dict[str, Any], t: pd.DataFrame) -> dict[str, Any]:
+    metric, factor = claim["metric"], float(claim.get("factor", 1.0))
+    theirs = _at_setting(t, claim, [claim["than"]], claim.get("than_params", {}))
+    than = _label(claim["than"], claim.get("than_params", {}))
+    best: tuple[float, str, float, float, int, int] | None = None
+    for attack in claim["attacks"]:
+        ours = _at_setting(t, claim, [attack], claim.get("attack_params", {}))
+        for ap, g in ours.groupby("attack_params", sort=False):
+            paired = g.merge(theirs, on=list(PAIR_KEYS), suffixes=("", "_than"))
+            if not len(paired):
+                continue
+            a, b = pd.to_numeric(paired[metric]), pd.to_numeric(paired[f"{metric}_than"])
+            ma, mb = float(a.mean()), float(b.mean())
+            ratio = ma / mb if mb > 0 else (float("inf") if ma > 0 else 1.0)
+            label = _label(attack, {k: v for k, v in json.loads(ap).items() if k in claim.get("attack_params", {})})
+            if best is None or ratio > best[0]:
+                best = (ratio, label, ma, mb, int((a > b).sum()), len(paired))
+    if best is None:
+        return {"verdict": "not run", "why": f"no victim at the claim's setting was attacked by both the claim's attack and {than}",
+                "evidence": "-", "twin": "-"}  # fmt: skip
+    ratio, label, ma, mb, wins, n = best
+    said = (f"{label} {metric} {ma:.3f} against {than} {mb:.3f} on the same {n} victims: {ratio:.2f}x "
+            f"(claimed at least {factor:g}x); higher on {wins} of {n}")  # fmt: skip
+    return {"verdict": "holds" if ratio >= factor else "falls", "why": said, "evidence": said, "twin": "-"}
