@@ -78,3 +78,11 @@ def perplexity(lm: nn.Module, ids: Tensor) -> Tensor:
     """Mean next-token cross entropy of token ids (B, L) under the LM (the log of its perplexity), as LAMP scores."""
     logits = lm(ids)  # (B, V, L)
     return F.cross_entropy(logits[:, :, :-1], ids[:, 1:])
+
+
+def sequence_nll(lm: nn.Module, ids: Tensor) -> Tensor:
+    """Each sequence's summed next-token cross entropy (B,) under the LM: `perplexity` of a batch is their sum over
+    its B x (L - 1) predicted positions, so candidates differing in one sequence are scored in one batched call."""
+    logits = lm(ids)  # (B, V, L)
+    return F.cross_entropy(logits[:, :, :-1], ids[:, 1:], reduction="none").sum(1)
+

@@ -8,12 +8,14 @@ descent. TAG's distance is the squared L2 distance plus alpha times the L1 dista
 (the L1 term weighs the many small entries the squared distance ignores); the tokens are read at the end by the
 nearest embedding row to each position's mixed embedding.
 
-Two choices beside the paper, each an option:
-- `vocabulary = "token-set"` (default) searches only the tokens whose embedding-gradient row is non-zero
-  (attacks/token_set.py), as LAMP (Balunovic et al., NeurIPS 2022) does; "full" searches the whole vocabulary
-  as the paper does. Where the token set comes back empty (a defense such as DGP zeroes every row of the
-  embedding's gradient) the search falls back to the whole vocabulary, and the row's extra says so
-  (`token_set_fallback`), so the trial is scored rather than not applicable.
+The search covers the whole vocabulary but padding, as the paper does (`vocabulary = "full"`, the default). Beside
+the paper:
+- `vocabulary = "token-set"` (an option) searches only the tokens whose embedding-gradient row is non-zero
+  (attacks/token_set.py), the restriction LAMP (Balunovic et al., NeurIPS 2022) offers as `--use_embedding`. It
+  hands TAG the batch's bag of words for free (the token-set read-out alone scores that much), so it is not TAG as
+  published. Where the token set comes back empty (a defense such as DGP zeroes every row of the embedding's
+  gradient) the search falls back to the whole vocabulary, and the row's extra says so (`token_set_fallback`), so
+  the trial is scored rather than not applicable.
 - The classifier's labels are read from the sign of the head's bias gradient (attacks/idlg.py's "bias-sign",
   exact at batch size 1) rather than optimised; a language model's labels are its next tokens, so its dummy loss
   takes the relaxed next tokens as soft targets.
@@ -55,7 +57,7 @@ class TAG(Attack):
     conformance_params: ClassVar[dict] = {"iterations": 5, "restarts": 1}
 
     def __init__(self, iterations: int = 300, lr: float = 0.1, alpha: float = 0.01, restarts: int = 2,
-                 vocabulary: Literal["token-set", "full"] = "token-set"):  # fmt: skip
+                 vocabulary: Literal["token-set", "full"] = "full"):  # fmt: skip
         if iterations < 1 or restarts < 1:
             raise ValueError(f"iterations and restarts must be >= 1, got {iterations}, {restarts}")
         if not lr > 0 or alpha < 0:
@@ -83,12 +85,14 @@ class TAG(Attack):
         else:
             cand = torch.arange(1, vocab)  # every token but padding
         cand = cand.to(emb.device)
-        basis = F.one_hot(cand, vocab).to(dtype)  # (K, V): the candidates' columns of the relaxed input
         with torch.no_grad():
             probe = model(torch.zeros(1, seq_len, vocab, dtype=dtype, device=emb.device))
         language_model = probe.dim() == 3
         labels = None if language_model else fixed_labels("bias-sign", target, model, k, batch, rng).to(emb.device)
         model.eval()  # no dropout or batch statistics in these models; the client's mode would not change the maths
+
+        def relax(z: Tensor) -> Tensor:  # the candidates' softmax placed in their columns of the (B, L, V) input
+            return torch.zeros(*z.shape[:-1], vocab, dtype=dtype, device=z.device).index_copy(-1, cand, torch.softmax(z, -1))
 
         def loss_of(relaxed: Tensor) -> Tensor:
             logits = model(relaxed)
@@ -100,14 +104,14 @@ class TAG(Attack):
             opt = torch.optim.Adam([z], lr=self.lr)
             for _ in range(self.iterations):
                 opt.zero_grad()
-                relaxed = torch.softmax(z, -1) @ basis
+                relaxed = relax(z)
                 grads = torch.autograd.grad(loss_of(relaxed), params, create_graph=True)
                 d = tag_distance(grads, target_list, self.alpha)
                 d.backward(inputs=[z])
                 opt.step()
                 steps += 1
             with torch.no_grad():
-                relaxed = torch.softmax(z, -1) @ basis
+                relaxed = relax(z)
             grads = torch.autograd.grad(loss_of(relaxed), params)
             final = float(tag_distance(grads, target_list, self.alpha))
             if final < best_loss:

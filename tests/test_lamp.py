@@ -18,7 +18,9 @@ needs_fortunes = pytest.mark.skipif(not all((FORTUNES_DIR / t).is_file() for t i
                                     reason="Debian's fortunes is not installed (apt-get install -y fortunes)")  # fmt: skip
 
 # A small budget: 200 steps, 3 discrete steps (after the 10% burn-in, every 60), a prior trained 300 steps.
-SMALL = {"steps": 200, "init_candidates": 20, "swap_candidates": 40, "swap_every": 60, "prior_steps": 300}
+# gleak's re-tuning for its small classifier (attacks/lamp.py) at a small budget: the machinery, not the defaults
+SMALL = {"steps": 200, "init_candidates": 20, "swap_candidates": 40, "swap_every": 60, "prior_steps": 300,
+         "lr": 0.05, "coeff_perplexity": 0.01, "vocabulary": "token-set"}
 TRAINED = {"model_state": "trained", "train_steps": 500, "train_lr": 0.05}  # the text suite's classifier
 
 
@@ -54,14 +56,52 @@ def test_the_discrete_step_reorders_by_the_language_model_prior():
     attack = LAMP(swap_candidates=60, coeff_perplexity=1.0)
     rng = torch.Generator().manual_seed(0)
     descents = lambda _lm, ids: (ids[:, 1:] < ids[:, :-1]).sum().double()  # noqa: E731
+    row_descents = lambda ids: (ids[:, 1:] < ids[:, :-1]).sum(1).double()  # noqa: E731 - per sequence, as sequence_nll
     start = torch.tensor([[5, 3, 8, 1, 7, 2, 6, 4], [9, 8, 7, 6, 5, 4, 3, 2]])
     x = emb[start].clone()
     before = float(descents(None, start))
     for _ in range(4):
-        attack._discrete_step(x, lambda _x: torch.tensor(0.0), None, descents, emb, cand, rng)
+        attack._discrete_step(x, lambda _x, _s, rows: [0.0] * len(rows), row_descents, emb, cand, rng)
     after_ids = cand[(x @ emb[cand].T).argmax(-1)]
     assert sorted(after_ids[0].tolist()) == sorted(start[0].tolist())  # only reordered
     assert float(descents(None, after_ids)) <= before - 6, (start, after_ids)
+
+
+@pytest.mark.parametrize("loss", ["cos", "l2-l1"])
+def test_a_candidate_sequence_is_scored_as_the_whole_batch_with_it_in_place(loss):
+    """candidate_losses adds the other sequences' gradient, computed once, to each candidate's own: it must equal
+    the gradient loss of the whole batch's mean gradient with the candidate in place (mutations caught: the other
+    sequences left out, the sum not divided by the batch size)."""
+    import torch.nn.functional as F
+
+    from gleak.attacks._text_prior import sequence_nll
+    from gleak.attacks.lamp import candidate_losses, gradient_loss
+    from gleak.mechanics.text.models import text_classifier, text_lm
+
+    torch.manual_seed(0)
+    model = text_classifier((6, 20), 3).double().eval()
+    params = [p for p in model.parameters()]
+    labels = torch.tensor([0, 2, 1])
+    x = torch.randn(3, 6, 64, dtype=torch.float64)
+    target = [torch.randn_like(p) for p in params]
+
+    def summed(xx, yy):
+        return torch.autograd.grad(F.cross_entropy(model.forward_embeddings(xx), yy, reduction="sum"), params, allow_unused=True)
+
+    rows = torch.randn(4, 6, 64, dtype=torch.float64)
+    for s in range(3):
+        got = candidate_losses(summed, x, labels, s, rows, target, loss, 0.01)
+        for row, value in zip(rows, got):
+            whole = x.clone()
+            whole[s] = row
+            mean = torch.autograd.grad(F.cross_entropy(model.forward_embeddings(whole), labels), params, allow_unused=True)
+            assert value == pytest.approx(float(gradient_loss(mean, target, loss, 0.01)), rel=1e-9)
+    lm = text_lm((6, 20), 20).double().eval()
+    ids = torch.randint(1, 20, (3, 6))
+    with torch.no_grad():
+        logits = lm(ids)
+        batch_ppl = float(F.cross_entropy(logits[:, :, :-1], ids[:, 1:]))
+        assert float(sequence_nll(lm, ids).sum()) / (3 * 5) == pytest.approx(batch_ppl, rel=1e-12)
 
 
 def test_the_gradient_loss_is_zero_at_the_target_and_skips_what_the_dummy_does_not_reach():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import lru_cache
 from typing import Any
 
 LEAKING = ("partial", "recovered")
@@ -33,3 +34,22 @@ def wilson(k: int, n: int) -> tuple[float, float] | None:
     z, p = 1.959963984540054, k / n
     centre, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))
+
+
+@lru_cache(maxsize=256)
+def _defaults(attack: str) -> dict[str, Any]:
+    from gleak.contracts.registry import create
+
+    try:
+        return json.loads(json.dumps(create("attack", attack).get_params(), default=str))
+    except Exception:  # noqa: BLE001 - an attack not loadable now: its variant unnamed
+        return {}
+
+
+def variant_text(attack: str, params_js: Any) -> str:
+    """The attack's parameters that differ from its defaults ('gain=1000000.0'), so that a row names the variant
+    that decides it; defense_aware is said in words by the caller."""
+    base = _defaults(attack)
+    diff = [f"{k}={v}" for k, v in sorted(params_of(params_js).items())
+            if k != "defense_aware" and k in base and (base[k] or None) != (v or None)]  # {} and None: both unset
+    return f" [{', '.join(diff)}]" if diff else ""

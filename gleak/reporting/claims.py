@@ -35,14 +35,22 @@ from __future__ import annotations
 
 import json
 import math
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from gleak.mechanics.metrics import leakiest_first
-from gleak.reporting.claim_setting import CASE_COLUMNS, LEAKING, MIN_VICTIMS, case_matches, params_match, params_of, wilson
+from gleak.reporting.claim_setting import (
+    CASE_COLUMNS,
+    LEAKING,
+    MIN_VICTIMS,
+    case_matches,
+    params_match,
+    params_of,
+    variant_text,
+    wilson,
+)  # fmt: skip
 from gleak.reporting.text_claims import is_text_claim, judge_text
 from gleak.reporting.documents.cells import data, params_text
 
@@ -98,25 +106,6 @@ def recovered_count(r: Any) -> tuple[int, int] | None:
         return None
     n = int(r.get("trials", 0) or 0) - int(r.get("failed", 0) or 0) - int(r.get("not_applicable", 0) or 0)
     return (int(round(float(r["recovered"]) * n)), n) if n > 0 else None
-
-
-@lru_cache(maxsize=256)
-def _defaults(attack: str) -> dict[str, Any]:
-    from gleak.contracts.registry import create
-
-    try:
-        return json.loads(json.dumps(create("attack", attack).get_params(), default=str))
-    except Exception:  # noqa: BLE001 - an attack not loadable now: its variant unnamed
-        return {}
-
-
-def variant_text(attack: str, params_js: Any) -> str:
-    """The attack's parameters that differ from its defaults ('gain=1000000.0'), so that a row names the variant
-    that decides it; defense_aware is said in words by the caller."""
-    base = _defaults(attack)
-    diff = [f"{k}={v}" for k, v in sorted(params_of(params_js).items())
-            if k != "defense_aware" and k in base and (base[k] or None) != (v or None)]  # {} and None: both unset
-    return f" [{', '.join(diff)}]" if diff else ""
 
 
 def evidence_text(r: Any) -> str:

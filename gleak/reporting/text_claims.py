@@ -14,13 +14,12 @@ trials (gleak.reporting.documents.text.text_rows) is judged here, trial by trial
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pandas as pd
 
 from gleak.reporting.aggregate import median_verdict
-from gleak.reporting.claim_setting import LEAKING, MIN_VICTIMS, case_matches, params_match, wilson
+from gleak.reporting.claim_setting import LEAKING, MIN_VICTIMS, case_matches, params_match, variant_text, wilson
 from gleak.reporting.documents.text import text_rows
 
 PAIR_KEYS = ("dataset", "model", "batch_size", "seq_len", "defense", "defense_params", "seed")
@@ -40,15 +39,11 @@ def is_text_claim(claim: dict[str, Any], df: pd.DataFrame | None) -> bool:
     return df is not None and len(_at_setting(text_rows(df), claim, claim["attacks"], claim.get("attack_params", {}))) > 0
 
 
-def _label(attack: str, params: dict[str, Any]) -> str:
-    return attack + (f" [{', '.join(f'{k}={v}' for k, v in sorted(params.items()))}]" if params else "")
-
-
 def _cell_text(g: pd.DataFrame) -> str:
     r = g.iloc[0]
     rec = int((g["verdict"] == "recovered").sum())
     lo, hi = wilson(rec, len(g)) or (0.0, 1.0)
-    return (f"{r['attack']} B={int(r['batch_size'])} L={r['seq_len']}: {median_verdict(g['verdict'].dropna())}, "
+    return (f"{r['attack']}{variant_text(r['attack'], r['attack_params'])} B={int(r['batch_size'])} L={r['seq_len']}: {median_verdict(g['verdict'].dropna())}, "
             f"ROUGE-1 {pd.to_numeric(g['rouge1']).mean():.2f}, ROUGE-2 {pd.to_numeric(g['rouge2']).mean():.2f}, "
             f"{rec}/{len(g)} recovered [95% {lo:.0%}, {hi:.0%}]")  # fmt: skip
 
@@ -108,7 +103,7 @@ def judge_text(claim: dict[str, Any], df: pd.DataFrame) -> dict[str, Any]:
 def _judge_beats(claim: dict[str, Any], t: pd.DataFrame) -> dict[str, Any]:
     metric, factor = claim["metric"], float(claim.get("factor", 1.0))
     theirs = _at_setting(t, claim, [claim["than"]], claim.get("than_params", {}))
-    than = _label(claim["than"], claim.get("than_params", {}))
+    than = claim["than"] + (variant_text(claim["than"], theirs["attack_params"].iloc[0]) if len(theirs) else "")
     best: tuple[float, str, float, float, int, int] | None = None
     for attack in claim["attacks"]:
         ours = _at_setting(t, claim, [attack], claim.get("attack_params", {}))
@@ -119,7 +114,7 @@ def _judge_beats(claim: dict[str, Any], t: pd.DataFrame) -> dict[str, Any]:
             a, b = pd.to_numeric(paired[metric]), pd.to_numeric(paired[f"{metric}_than"])
             ma, mb = float(a.mean()), float(b.mean())
             ratio = ma / mb if mb > 0 else (float("inf") if ma > 0 else 1.0)
-            label = _label(attack, {k: v for k, v in json.loads(ap).items() if k in claim.get("attack_params", {})})
+            label = attack + variant_text(attack, ap)
             if best is None or ratio > best[0]:
                 best = (ratio, label, ma, mb, int((a > b).sum()), len(paired))
     if best is None:
