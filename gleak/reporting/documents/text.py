@@ -64,6 +64,16 @@ def _with_token_set(agg: pd.DataFrame) -> pd.DataFrame:
     return agg.assign(baseline_rouge1=[g[0] for g in got], baseline_rouge1_std=[g[1] for g in got])
 
 
+def _attack_with_threat_model(r: dict, va: dict | None) -> str:
+    """The attack (with its telling parameters unless va is None) and the threat model it needs in brackets, as
+    the image tables name a worst attack (gleak.reporting.documents.cells.worst_attack_text)."""
+    from gleak.contracts.threat_model import of_attack
+
+    tm = of_attack(r["attack"], r["attack_params"])
+    label = r["attack"] if va is None else attack_label(r["attack"], r["attack_params"], va)
+    return f"{label} [{tm}]" if tm else label
+
+
 def _ms(r: dict, m: str) -> str:
     s = r.get(f"{m}_std")
     return fmt(r[m], "3") + (f" ± {fmt(s, '3')}" if s is not None and s == s else "")
@@ -106,7 +116,8 @@ def text_blocks(df: pd.DataFrame, vd: dict | None = None, va: dict | None = None
            "optimisation) is the baseline every text attack must beat: an attack whose ROUGE-1 is not above the "
            "token set's has learnt nothing beyond the bag of words the gradient hands over"
            if "baseline_rouge1" in shown_metrics else "")
-        + ". Verdict: recovered where ROUGE-L >= "
+        + ". Beside each attack, in brackets, the threat model it needs (Carletti et al., USENIX Security 2025). "
+        "Verdict: recovered where ROUGE-L >= "
         f"{RECOVERED_ROUGE_L:g} (the text in its order); partial where ROUGE-1 >= {PARTIAL_ROUGE_1:g} and at least "
         f"{PARTIAL_MARGIN:g} above the blind guess's ROUGE-1 (the words); else defended. Means ± std over seeds. A "
         "defense's worst case is the attack with the highest mean ROUGE-1 against it in any case"
@@ -123,12 +134,12 @@ def text_blocks(df: pd.DataFrame, vd: dict | None = None, va: dict | None = None
         val = round(r["rouge1"] or 0.0, 2)
         rank = rank if val == prev else i
         prev = val
-        row = [str(rank), r["defense"], d_params(r), attack_label(r["attack"], r["attack_params"], va),
+        row = [str(rank), r["defense"], d_params(r), _attack_with_threat_model(r, va),
                f"B={r['batch_size']} L={r['seq_len']}", *[_ms(r, m) for m in shown_metrics], r["verdict"] or ""]  # fmt: skip
         if accuracy is not None:
             row += accuracy.get((r["defense"], r["defense_params"]), ["", "", ""])
         rank_rows.append(row)
-    head = ["rank", "defense", "params", "worst attack", "its case", *heads, "verdict"]
+    head = ["rank", "defense", "params", "worst attack [threat model]", "its case", *heads, "verdict"]
     if accuracy is not None:
         head += ["accuracy", "change (points)", "epsilon"]
     doc.append(("table", head, rank_rows))
@@ -136,7 +147,8 @@ def text_blocks(df: pd.DataFrame, vd: dict | None = None, va: dict | None = None
     doc.append(("h2", "Text: results by case"))
     for key, g in agg.groupby(["dataset", "model", "batch_size", "seq_len"], sort=False):
         doc.append(("h3", f"dataset={key[0]} model={key[1]} batch size={key[2]} sequence length={key[3]}"))
-        rows = [[r["defense"], d_params(r), r["attack"], params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
+        rows = [[r["defense"], d_params(r), _attack_with_threat_model(r, None),
+                 params_text(r["attack_params"], "attack", r["attack"], va.get(r["attack"])),
                  str(r["trials"]), *[_ms(r, m) for m in shown_metrics], r["verdict"] or ""] for r in g.to_dict("records")]  # fmt: skip
         doc.append(("table", ["defense", "params", "attack", "attack params", "trials", *heads, "verdict"], rows))
 
