@@ -20,7 +20,7 @@ import pandas as pd
 
 from gleak.reporting.aggregate import median_verdict
 from gleak.reporting.claim_setting import LEAKING, MIN_VICTIMS, case_matches, params_match, variant_text, wilson
-from gleak.reporting.documents.text import text_rows
+from gleak.reporting.documents.text import BASELINE, text_rows
 
 PAIR_KEYS = ("dataset", "model", "batch_size", "seq_len", "defense", "defense_params", "seed")
 CELL_KEYS = ("dataset", "model", "batch_size", "seq_len", "attack", "attack_params")
@@ -45,7 +45,7 @@ def _cell_text(g: pd.DataFrame, t: pd.DataFrame | None = None) -> str:
     r = g.iloc[0]
     base = ""
     if t is not None:
-        b = t[(t["attack"] == "token-set") & t["seed"].isin(g["seed"])]
+        b = t[(t["attack"] == BASELINE) & t["seed"].isin(g["seed"])]
         for k in ("dataset", "model", "batch_size", "seq_len", "defense", "defense_params"):
             b = b[b[k] == r[k]]
         base = f", token-set read-out ROUGE-1 {pd.to_numeric(b['rouge1']).mean():.2f}" if len(b) else ""
