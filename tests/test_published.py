@@ -92,7 +92,8 @@ def test_dgp_table1_has_the_shape_of_xue_et_al_table1():
 
 def test_text_has_the_published_shape():
     """A data check of results/text: undefended, the embedding gradient's token set is exact on every trial and TAG
-    beats the blind guess's ROUGE-1 by at least 0.3 at batch 1 on every seed; DP-SGD leaves next to no token (F1 <= 0.05)."""
+    (each variant) beats the blind guess's ROUGE-1 by at least 0.3 at batch 1, 16 tokens on every seed, while TAG over
+    the whole vocabulary falls below the token-set read-out at batch 4; DP-SGD leaves next to no token (F1 <= 0.05)."""
     path = ROOT / "results" / "text" / "results.csv"
     if not path.is_file():
         pytest.skip("results/text not published in this checkout")
@@ -102,15 +103,20 @@ def test_text_has_the_published_shape():
     f1, r1, blind = extra.map(lambda e: e["token_set_f1"]), extra.map(lambda e: e["rouge1"]), extra.map(lambda e: e["blind_rouge1"])
     none = df.defense == "none"
     assert (f1[none & (df.attack == "token-set")] == 1.0).all()
-    tag1 = none & (df.attack == "tag") & (df.batch_size == 1)
+    seq = df.case.map(lambda c: json.loads(c).get("seq_len"))
+    tag1 = none & (df.attack == "tag") & (df.batch_size == 1) & (seq == 16)
     assert tag1.sum() >= 6 and (r1[tag1] >= blind[tag1] + 0.3).all()
+    whole = df.attack_params.map(lambda p: json.loads(p).get("vocabulary") == "full")
+    at4 = none & (df.batch_size == 4)
+    assert r1[at4 & (df.attack == "tag") & whole].mean() < r1[at4 & (df.attack == "token-set")].mean()
     dp = (df.defense == "noise") & df.defense_params.str.contains('"mode": "dp"') & (df.attack == "token-set")
     assert dp.sum() >= 6 and (f1[dp] <= 0.05).all()
 
 
 def test_text_lamp_and_tag_through_dgp_have_the_published_shape():
-    """A data check of results/text (suites/text.toml names LAMP): undefended at batch
-    1, LAMP beats the blind guess's ROUGE-1 by at least 0.3 on every seed; through DGP, TAG and LAMP are scored with
+    """A data check of results/text (suites/text.toml names LAMP): undefended at batch 1, LAMP re-tuned for the
+    classifier beats the blind guess's ROUGE-1 by at least 0.3 on every seed and LAMP at its authors' settings stays
+    below TAG's ROUGE-2 (the bigram claim falls); through DGP, the token-set searches of TAG and LAMP are scored with
     the whole vocabulary (token_set_fallback), not counted as not applicable."""
     path = ROOT / "results" / "text" / "results.csv"
     if not path.is_file():
@@ -120,10 +126,16 @@ def test_text_lamp_and_tag_through_dgp_have_the_published_shape():
     assert searching.sum() >= 24 and (df.status[searching] == "ok").all()
     ok = df[df.status == "ok"]
     extra = ok.extra.map(json.loads)
-    assert extra[ok.attack.isin(["tag", "lamp"]) & (ok.defense == "dgp")].map(lambda e: e["token_set_fallback"]).all()
-    lamp1 = (ok.attack == "lamp") & (ok.defense == "none") & (ok.batch_size == 1)
-    r1, blind = extra.map(lambda e: e["rouge1"]), extra.map(lambda e: e["blind_rouge1"])
+    vocabulary = ok.attack_params.map(lambda p: json.loads(p).get("vocabulary"))
+    restricted = ok.attack.isin(["tag", "lamp"]) & (ok.defense == "dgp") & (vocabulary == "token-set")
+    assert restricted.sum() >= 24 and extra[restricted].map(lambda e: e["token_set_fallback"]).all()
+    steps = ok.attack_params.map(lambda p: json.loads(p).get("steps"))
+    undefended1 = (ok.defense == "none") & (ok.batch_size == 1)
+    lamp1 = (ok.attack == "lamp") & undefended1 & (steps == 500)
+    r1, r2, blind = (extra.map(lambda e: e[k]) for k in ("rouge1", "rouge2", "blind_rouge1"))
     assert lamp1.sum() >= 6 and (r1[lamp1] >= blind[lamp1] + 0.3).all()
+    authors = (ok.attack == "lamp") & undefended1 & (steps == 2000)
+    assert authors.sum() >= 5 and r2[authors].mean() < r2[(ok.attack == "tag") & undefended1 & (vocabulary == "full")].mean()
 
 
 def claim_verdicts() -> dict[tuple[str, str], dict[str, str]]:
