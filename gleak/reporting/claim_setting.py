@@ -27,6 +27,13 @@ def case_matches(r: Any, case: dict[str, Any]) -> bool:
     return all((r[k] == v) if k in CASE_COLUMNS else (full.get(k) == v) for k, v in case.items())
 
 
+def row_at_setting(r: Any, claim: dict[str, Any], attack_params: dict[str, Any]) -> bool:
+    """Whether a row (a trial or an aggregated cell) is at the claim's setting: its defense parameters, case and
+    the given attack parameters (partial matches)."""
+    return (params_match(r["defense_params"], claim.get("defense_params", {})) and case_matches(r, claim.get("case", {}))
+            and params_match(r["attack_params"], attack_params))  # fmt: skip
+
+
 def wilson(k: int, n: int) -> tuple[float, float] | None:
     """The 95% Wilson score interval of a share k / n (None for n = 0)."""
     if n <= 0:

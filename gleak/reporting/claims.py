@@ -45,9 +45,8 @@ from gleak.reporting.claim_setting import (
     CASE_COLUMNS,
     LEAKING,
     MIN_VICTIMS,
-    case_matches,
-    params_match,
     params_of,
+    row_at_setting,
     variant_text,
     wilson,
 )  # fmt: skip
@@ -81,8 +80,7 @@ def _strongest(g: pd.DataFrame) -> Any:
 def at_setting(claim: dict[str, Any], agg: pd.DataFrame) -> pd.Series:
     """Which aggregated cells of the claim's defense and attacks are at the claim's own setting."""
     wanted_attack = claim.get("attack_params", {})
-    return pd.Series([params_match(r["defense_params"], claim.get("defense_params", {})) and case_matches(r, claim.get("case", {}))
-                      and params_match(r["attack_params"], wanted_attack) for _, r in agg.iterrows()], index=agg.index, dtype=bool)  # fmt: skip
+    return pd.Series([row_at_setting(r, claim, wanted_attack) for _, r in agg.iterrows()], index=agg.index, dtype=bool)
 
 
 def undefended_twin(r: Any, agg: pd.DataFrame) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from gleak.reporting.aggregate import median_verdict
-from gleak.reporting.claim_setting import LEAKING, MIN_VICTIMS, case_matches, params_match, variant_text, wilson
+from gleak.reporting.claim_setting import LEAKING, MIN_VICTIMS, row_at_setting, variant_text, wilson
 from gleak.reporting.documents.text import BASELINE, text_rows
 
 PAIR_KEYS = ("dataset", "model", "batch_size", "seq_len", "defense", "defense_params", "seed")
@@ -27,8 +27,8 @@ CELL_KEYS = ("dataset", "model", "batch_size", "seq_len", "attack", "attack_para
 
 
 def _at_setting(t: pd.DataFrame, claim: dict[str, Any], attacks: list[str], attack_params: dict[str, Any]) -> pd.DataFrame:
-    keep = [r["attack"] in attacks and r["defense"] == claim["defense"] and params_match(r["defense_params"], claim.get("defense_params", {}))
-            and case_matches(r, claim.get("case", {})) and params_match(r["attack_params"], attack_params) for _, r in t.iterrows()]  # fmt: skip
+    keep = [r["attack"] in attacks and r["defense"] == claim["defense"] and row_at_setting(r, claim, attack_params)
+            for _, r in t.iterrows()]  # fmt: skip
     return t[pd.Series(keep, index=t.index, dtype=bool)] if len(t) else t
 
 
