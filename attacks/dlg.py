@@ -33,7 +33,7 @@ from gleak.attacks._gradmatch import (
 )
 from gleak.attacks._lbfgs import BatchedLBFGS
 from gleak.contracts.errors import UnsupportedCase
-from gleak.contracts.plugin import Attack, DefenseAware, check_choice
+from gleak.contracts.plugin import Attack, DefenseAware, check_choice, hard_labels
 from gleak.contracts.registry import register_attack
 from gleak.contracts.wire import Observation, Reconstruction
 from gleak.mechanics.progress import report as report_progress
@@ -220,7 +220,7 @@ class DLG(DefenseAware, Attack):
         if self.labels == "soft":
             y_final = y_final.argmax(-1)
         extra.update(run)
-        return Reconstruction(x=x_final, y=y_final.long(), extra=extra)
+        return Reconstruction(x=x_final, y=hard_labels(y_final).long(), extra=extra)  # given soft labels (MixUp): their largest
 
     def _polish(self, box) -> bool:
         """Quantization: the plain objective first (the cells' centres are the best point reading of the wire),

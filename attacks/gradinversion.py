@@ -39,7 +39,7 @@ from gleak.attacks._gradmatch import (
 from gleak.attacks.dlg import soft_cross_entropy
 from gleak.attacks.inverting_gradients import total_variation
 from gleak.contracts.errors import UnsupportedCase
-from gleak.contracts.plugin import Attack, check_choice
+from gleak.contracts.plugin import Attack, check_choice, hard_labels
 from gleak.contracts.registry import register_attack
 from gleak.contracts.wire import Observation, Reconstruction
 from gleak.mechanics.progress import report as report_progress
@@ -207,7 +207,7 @@ class GradInversion(Attack):
             chosen = int(torch.argmin(losses))
             out = x[chosen]
             extra.update(grad_loss=float(losses[chosen]), restart=chosen, bn_prior=bn_values[chosen])
-        return Reconstruction(x=out, y=y, extra=extra)
+        return Reconstruction(x=out, y=None if y is None else hard_labels(y), extra=extra)
 
     def reconstruct_all(self, observation: Observation, rng: torch.Generator):
         """Every agent's final images (G, B, C, H, W), their final squared gradient distances (G,), their final BN
@@ -316,7 +316,8 @@ class GradInversion(Attack):
         def loss_and_prior(w, xr, label):
             stats.seen.clear()
             out = functional_call(model, (w, buffers), (xr,))
-            loss = soft_cross_entropy(out, label) if label.is_floating_point() else F.cross_entropy(out, label)
+            # label logits where the labels are optimised; given labels (indices, or MixUp's probabilities) as they are
+            loss = soft_cross_entropy(out, label) if y is None else F.cross_entropy(out, label)
             return loss, (stats.prior() if stats.layers else loss.new_zeros(()))
 
         def objective(xr: Tensor, *rest) -> Tensor:
@@ -329,9 +330,9 @@ class GradInversion(Attack):
 
     def _objective(self, model, params, stats: BNStatistics, x: Tensor, y: Tensor, target, consensus):
         """(objective, squared gradient distance, BN prior) of one agent's batch x; y: hard labels, or (float) the
-        agent's label logits (labels "soft")."""
+        agent's label logits (labels "soft"), or given soft labels (probabilities, MixUp)."""
         stats.seen.clear()
-        loss = soft_cross_entropy(model(x), y) if y.is_floating_point() else F.cross_entropy(model(x), y)
+        loss = soft_cross_entropy(model(x), y) if self.labels == "soft" else F.cross_entropy(model(x), y)
         grads = torch.autograd.grad(loss, params, create_graph=True)
         dist = squared_distance(grads, target)
         prior = stats.prior() if stats.layers else None

@@ -304,6 +304,8 @@ class RGAP(Attack):
         model = model.double()
         stages = model_chain(model, tuple(k.input_shape))
         gradient, extra = observed_gradient(observation.update, names, torch.float64)
+        if self.labels == "given" and k.labels.is_floating_point():
+            raise UnsupportedCase("rgap's closed form needs the sample's class; it was given soft labels")
         label = int(k.labels[0]) if self.labels == "given" else None
         x, y, ranks = self.invert(model, stages, gradient.tensors, label)
         x = x.reshape(1, *k.input_shape)

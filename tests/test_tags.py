@@ -35,7 +35,10 @@ def test_only_attacks_carry_needs_and_only_input_transforming_defenses_say_so():
     for name in _builtins("defense"):
         tags = get_tags(registry.plugin_info("defense", name).obj)
         assert tags.needs == frozenset()
-        assert tags.transforms_inputs == (name == "ats"), name  # ATS alone trains on augmented inputs
+        # ATS trains on augmented inputs (scored against them, as its authors score), MixUp and InstaHide on mixtures
+        # (scored against the private images)
+        assert tags.transforms_inputs == (name in ("ats", "mixup", "instahide")), name
+        assert tags.scored_against == ("private" if name in ("mixup", "instahide") else "sent"), name
     text = {n for n in _builtins("attack") if get_tags(registry.plugin_info("attack", n).obj).modality == "text"}
     assert text == {"tag", "lamp", "token-set"}
 

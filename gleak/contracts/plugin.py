@@ -170,10 +170,19 @@ class Defense(Plugin):
         every client's defense before its first round: a client knows how it normalises its data (ATS transforms
         pixels). Default: ignored."""
 
+    def bind_classes(self, num_classes: int) -> None:
+        """The number of classes of the client's task, given by the runner beside `bind_data`: a defense that trains
+        on soft labels (MixUp's mixed one-hot labels) needs their width. Default: ignored."""
+
     def wrap_model(self, model: nn.Module, rng: torch.Generator) -> nn.Module:
         """The model every client trains (and the observer holds), built from the case's model; a defense that
         extends the architecture (PRECODE's bottleneck) returns a new module. Default: unchanged."""
         return model
+
+    # What a transforming defense's trials are scored against: "sent", the batch that entered the gradient (ATS: its
+    # authors score the transformed image), or "private", the client's own batch (MixUp, InstaHide: an encoding
+    # recovered is not yet an image recovered); the other is scored beside it, in the row's extra.
+    scored_against: ClassVar[str] = "sent"
 
     # Set to a list by the trial for the client it attacks: `training_batch` then keeps (given x, x', y') there.
     kept_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
@@ -182,8 +191,9 @@ class Defense(Plugin):
         """The batch the client's gradient is computed on, given the client's own batch (x, y): what enters the
         gradient, so what was sent. A defense that trains on transformed inputs (ATS's augmentation) overrides this
         hook, and the override is its declaration (`transforms_inputs`): a trial then scores the reconstruction
-        against the returned batch and, beside it, against the client's untransformed batch. The returned x has
-        x's shape and dtype, y y's shape; randomness from `rng`. Default: (x, y) unchanged, nothing drawn.
+        against the returned batch and the client's untransformed batch (`scored_against` says which is primary).
+        The returned x has x's shape and dtype; y has y's shape, or is soft labels (B, classes) in x's floating
+        dtype, rows summing to 1 (MixUp); randomness from `rng`. Default: (x, y) unchanged, nothing drawn.
         Call it through `training_batch` (the default `client_gradient` does): `gleak check-plugin` fails a
         defense whose model sees other inputs than the batch it kept, or other inputs than (x, y) undeclared."""
         return x, y
@@ -224,3 +234,14 @@ def transforms_inputs(defense: Any) -> bool:
     `Defense.gradient_batch`. Such a defense's trials are scored against the batch that entered the gradient."""
     cls = defense if isinstance(defense, type) else type(defense)
     return issubclass(cls, Defense) and cls.gradient_batch is not Defense.gradient_batch
+
+
+def soft_labels(y: torch.Tensor, n: int) -> bool:
+    """Whether `y` is soft labels for n examples, as a transforming defense may return them (MixUp): a floating
+    (n, classes) tensor."""
+    return y.is_floating_point() and y.dim() == 2 and len(y) == n
+
+
+def hard_labels(y: torch.Tensor) -> torch.Tensor:
+    """Class indices: soft labels (n, classes) by their largest entry (a mixture's dominant label), others as they are."""
+    return y.argmax(-1) if y.is_floating_point() and y.dim() == 2 else y

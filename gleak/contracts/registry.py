@@ -182,6 +182,9 @@ class Registry:
                     getattr(obj, "__module__", None),
                 ):
                     raise InputError(f"{self.kind} {key!r} is registered twice ({old!r} and {obj!r})")
+            scored = getattr(obj, "scored_against", "sent") if self.kind == "defense" else "sent"
+            if scored not in ("sent", "private"):
+                raise InputError(f"defense {key!r}: scored_against must be 'sent' or 'private', got {scored!r}")
             for old in aliases:
                 if old in self._plugins:
                     raise InputError(f"{self.kind} alias {old!r} of {key!r} is already a registered {self.kind}")

@@ -40,7 +40,8 @@ class Tags:
     modality: (attack) the cases it reconstructs, "image" or "text"; conformance runs it on those.
     stateful: (defense) it keeps state across rounds (error feedback), cleared by `reset`.
     transforms_inputs: (defense) its client trains on a transformed batch (`Defense.gradient_batch` overridden):
-        its trials are scored against what entered the gradient.
+        its trials are scored against what entered the gradient and the client's own batch.
+    scored_against: (defense) which of the two is the trial's truth: "sent" (ATS) or "private" (MixUp, InstaHide).
     shared_model, per_client_models, models_held, observes_sum: (protocol) what the server may do to the clients'
         models and what the observer sees (gleak.mechanics.protocol.Protocol).
     fast_params: parameters merged over the defaults so that `gleak check-plugin` runs quickly: the plugin's
@@ -53,6 +54,7 @@ class Tags:
     modality: str = "image"
     stateful: bool = False
     transforms_inputs: bool = False
+    scored_against: str = "sent"
     shared_model: bool = True
     per_client_models: bool = True
     models_held: str = ""
@@ -74,6 +76,7 @@ def get_tags(plugin: Any) -> Tags:
         modality=modality if modality in MODALITIES else "image",
         stateful=bool(getattr(plugin, "stateful", False)),
         transforms_inputs=transforms_inputs(cls),
+        scored_against=str(getattr(cls, "scored_against", "sent")),
         shared_model=bool(getattr(plugin, "shared_model", True)),
         per_client_models=bool(getattr(plugin, "per_client_models", True)),
         models_held=str(getattr(plugin, "models_held", "") or ""),

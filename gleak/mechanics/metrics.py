@@ -296,13 +296,15 @@ ORIGINAL_METRICS = ("mse", "psnr", "ssim", "lpips")
 
 
 def original_scores(images: Tensor, labels: Tensor, rec_images: Tensor | None, rec_labels: Tensor | None,
-                    lpips_weights: str | None = None, blind: Tensor | None = None, rule: str = "margin") -> dict[str, float]:  # fmt: skip
+                    lpips_weights: str | None = None, blind: Tensor | None = None, rule: str = "margin",
+                    suffix: str = "original") -> dict[str, float]:  # fmt: skip
     """{"mse_original": ..., "psnr_original": ..., "ssim_original": ..., "lpips_original": ...} (metrics that are
-    defined): the reconstruction scored against the untransformed `images`, the same way as against the truth."""
+    defined): the reconstruction scored against the untransformed `images`, the same way as against the truth;
+    suffix "sent": against the transformed batch, where the untransformed one is the truth (MixUp)."""
     if rec_images is None:
         return {}
     s = score(images, labels, rec_images, rec_labels, lpips_weights, blind, rule, registered=False)
-    return {f"{k}_original": s[k] for k in ORIGINAL_METRICS if s[k] is not None}
+    return {f"{k}_{suffix}": s[k] for k in ORIGINAL_METRICS if s[k] is not None}
 
 
 def blind_scores(truth_images: Tensor, guess: Tensor) -> dict[str, float]:

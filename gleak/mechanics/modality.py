@@ -16,6 +16,7 @@ from gleak.contracts.attack_output import check_reconstruction, max_images
 from gleak.contracts.vocabulary import DEFAULT_SEQ_LEN, DEFAULT_VOCAB_SIZE, is_text_dataset
 from gleak.contracts.wire import denormalize, normalize
 from gleak.mechanics.data import load_dataset
+from gleak.contracts.plugin import hard_labels
 from gleak.mechanics.metrics import mean_image, original_scores, score, victim_share
 
 TEXT_MODELS = ("text-classifier", "text-lm")
@@ -67,9 +68,13 @@ class ImageModality:
         return out
 
     def finish(self, cfg: Any, ds: Any, pool: Any, observed: list, sent: Any, rec: Any, extra_model: dict, eps: Any,
-               lpips_weights: str | None, model: torch.nn.Module | None = None) -> Finished:  # fmt: skip
+               lpips_weights: str | None, model: torch.nn.Module | None = None,
+               scored_against: str = "sent") -> Finished:  # fmt: skip
         """Check the reconstruction, score it against what was sent and the mean image of the victims' split.
         `model`: the model the victim computed its observed update at (feature-space MSE; None: not scored).
+        `sent`: the victim's batch as its transforming defense sent it (None: as it is); `scored_against` "private"
+        (the defense's declaration, Defense.scored_against) makes the victim's own batch the truth and scores what
+        was sent beside it (extra *_sent), "sent" the reverse (extra *_original).
         `observed`: the batches of the clients whose samples the observed update carries, the victim's first: the
         attack may return one row per sample among them; where there are several, its rows are paired one-to-one
         with all of them, the victim scored on the rows paired with its own, and the share of every observed
@@ -83,15 +88,17 @@ class ImageModality:
             raise FloatingPointError("the reconstruction has NaN or infinite pixels")
         rec_images = denormalize(rec_x, ds.mean, ds.std) if rec_x is not None else None
         blind = mean_image(pool.x)  # the blind guess: the mean image of the split the victims come from
-        # The truth is what was sent: the batch that entered the victim's gradient (a transforming defense's output).
-        truth = sent if sent is not None else victim
+        # The truth is what was sent: the batch that entered the victim's gradient (a transforming defense's output),
+        # unless the defense declares its encodings are not yet anyone's image (MixUp): then the victim's own batch.
+        private = sent is not None and scored_against == "private"
+        truth = victim if private or sent is None else sent
         everyone = None  # the share of every observed sample recovered, where the update carries several clients'
         if len(observed) > 1 and rec_images is not None:
             rows, everyone = victim_share([truth.images()] + [b.images() for b in observed[1:]], rec_images)
             if rec_y is not None and len(rec_y) == len(rec_images):  # labels row by row: the same rows
                 rec_y = rec_y[rows]
             rec_images = rec_images[rows]
-        original = None if sent is None else victim.images()
+        original = None if sent is None or private else victim.images()
         scores = score(truth.images(), truth.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict,
                        search=(pool.x, pool.y), targets=original,  # identified among the split's images (iip)
                        features=None if model is None else model_features(model, ds.mean, ds.std))  # fmt: skip
@@ -102,6 +109,9 @@ class ImageModality:
             extra["observed_samples"] = sum(b.size for b in observed)
         if original is not None:  # a separate question: how close the reconstruction comes to the untransformed images
             extra.update(original_scores(original, victim.y, rec_images, rec_y, lpips_weights, blind, cfg.verdict))
+        if private:  # and the reverse: how close it comes to the encodings that were sent
+            extra.update(original_scores(sent.images(), hard_labels(sent.y), rec_images, rec_y, lpips_weights, blind,
+                                         cfg.verdict, suffix="sent"))  # fmt: skip
         if eps is not None:
             extra["epsilon"] = eps
         extra.update(scores.pop("blind"))
@@ -139,7 +149,8 @@ class TextModality:
         return out
 
     def finish(self, cfg: Any, ds: Any, pool: Any, observed: list, sent: Any, rec: Any, extra_model: dict, eps: Any,
-               lpips_weights: str | None, model: torch.nn.Module | None = None) -> Finished:  # fmt: skip
+               lpips_weights: str | None, model: torch.nn.Module | None = None,
+               scored_against: str = "sent") -> Finished:  # fmt: skip
         """Check the reconstruction's shape, score it (ROUGE, token accuracy, token set) against the victim's
         sequences (observed[0]; a text case has one client) and the blind guess; the truth and the reconstruction's
         first sequence go to the row's extra."""

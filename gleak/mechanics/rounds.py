@@ -116,6 +116,7 @@ def federated_training(
         d.reset()
         d.bind_accountant(PrivacyAccountant())  # this client's own, stepped by its noisy steps
         d.bind_data(train.mean, train.std)
+        d.bind_classes(train.num_classes)
     model = devices.to_device(defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model")))  # PRECODE's
     # The data travels to the run's device once (gleak.mechanics.device.use; loaded on the CPU); the clients' index draws stay
     # on the CPU, which indexes either device's tensors.

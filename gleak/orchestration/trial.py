@@ -22,7 +22,7 @@ from torch import nn
 from gleak.contracts.attack_output import baseline_torch_state
 from gleak.contracts.config import TrialConfig
 from gleak.contracts.errors import UnsupportedCase
-from gleak.contracts.plugin import Attack, Defense
+from gleak.contracts.plugin import Attack, Defense, soft_labels
 from gleak.contracts.registry import create
 from gleak.contracts.seeds import derive_seed, generator
 from gleak.contracts.tags import get_tags
@@ -142,6 +142,7 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
         d.reset()
         d.bind_accountant(PrivacyAccountant())  # this client's own, stepped by its noisy steps
         d.bind_data(ds.mean, ds.std)  # the clients' normalisation (the victims' split is normalised alike)
+        d.bind_classes(ds.num_classes)
     grant(attack, protocol, cfg.attack, setup.protocol, cfg.threat_model)
     public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in get_tags(attack).needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public, setup)
@@ -156,7 +157,8 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     observed = batches[: protocol.observed_clients(len(batches))]  # the samples behind what the attack saw
     done = modality_of(cfg.case).finish(cfg, ds, pool, observed, sent, rec, model_info,
                                         defenses[0].privacy_spent(),  # the victim's accountant, stepped with its noisy steps
-                                        lpips_weights, last.at[0])  # fmt: skip
+                                        lpips_weights, last.at[0],
+                                        get_tags(defenses[0]).scored_against)  # fmt: skip
     scores = done.scores
     scores["grad_dist"] = grad_dist
     extra = scores.pop("extra")
@@ -182,7 +184,7 @@ def sent_batch(victim: ClientBatch, kept: list[tuple[torch.Tensor, torch.Tensor,
             xs.append(hit[0])
             ys.append(hit[1])
         x, y = torch.stack(xs), torch.stack(ys)
-    if x.shape != victim.x.shape or y.shape != victim.y.shape:
+    if x.shape != victim.x.shape or y.shape != victim.y.shape and not soft_labels(y, len(victim.y)):
         raise RuntimeError(f"the defense's gradient_batch returned shapes {tuple(x.shape)}, {tuple(y.shape)}; "
                            f"expected the client's {tuple(victim.x.shape)}, {tuple(victim.y.shape)}")  # fmt: skip
     return replace(victim, x=x.detach().cpu(), y=y.detach().cpu())
@@ -211,6 +213,8 @@ def _rounds_and_attack(cfg, attack, protocol, defenses, model, knowledge, ds, ba
                               step_last=False, on_round=lambda r, _: kept.clear() if r < n_obs - 1 else None)  # fmt: skip
     defenses[0].kept_batches = None
     sent = sent_batch(batches[0], [tuple(t.cpu() for t in k) for k in kept]) if transforming else None
+    if sent is not None and knowledge.labels is not None:  # the labels the gradient was computed with (MixUp's soft ones)
+        knowledge = replace(knowledge, labels=sent.y.clone().to(knowledge.labels.device))
     history: tuple[Observation, ...] = ()
     for w in [*warm, *seen[:-1]]:  # every round the observer saw passes the gate
         history = (*history, observation(w.view, w.held, attack, knowledge, cfg.seed))

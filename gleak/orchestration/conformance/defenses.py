@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 
 from gleak.contracts import registry
-from gleak.contracts.plugin import Defense
+from gleak.contracts.plugin import Defense, soft_labels
 from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import Update
 from gleak.mechanics.models import create_model
@@ -107,8 +107,9 @@ def _declared_inputs_problems(factory: Callable[[], Any]) -> list[str]:
         return ["gradient_batch is overridden but client_gradient kept no batch (call Defense.training_batch)"]
     sent = torch.cat([xb.reshape(-1, width) for _, xb, _ in kept])
     problems = []
-    if any(xb.shape != x.shape or xb.dtype != x.dtype or yb.shape != y.shape for _, xb, yb in kept):
-        problems.append("gradient_batch must return x's shape and dtype and y's shape")
+    if any(xb.shape != x.shape or xb.dtype != x.dtype or yb.shape != y.shape and not soft_labels(yb, len(y))
+           for _, xb, yb in kept):  # fmt: skip
+        problems.append("gradient_batch must return x's shape and dtype and y's shape (or soft labels (B, classes))")
     if _missing_rows(rows, sent) or _missing_rows(sent, rows):
         problems.append("the model did not train on exactly the batch gradient_batch returned and training_batch kept")
     again = factory().gradient_batch(x, y, torch.Generator().manual_seed(6))
