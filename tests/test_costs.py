@@ -86,3 +86,42 @@ def test_model_pass_is_counted_by_flop_counter_once_per_shape():
     assert _pass_flops.cache_info().misses == 1  # measured once for the three batch sizes
     double = CaseConfig(dataset="skimage", model="linear", batch_size=1, resolution=8, dtype="float64")
     assert _model_pass_cost(double) == pytest.approx(2 * (4 * d * k + 20 * (d * k + k)))
+
+
+@pytest.mark.parametrize("model, shape, params", [
+    ("linear", (3, 8, 8), {}), ("mlp", (3, 16, 16), {"hidden": [64, 32]}), ("lenet", (3, 32, 32), {}),
+    ("cnn6", (3, 32, 32), {}), ("convnet", (1, 28, 28), {}), ("resnet20", (3, 32, 32), {}), ("resnet18", (3, 32, 32), {}),
+])  # fmt: skip
+def test_the_layer_count_is_flop_counters_for_every_built_in_image_model(model, shape, params):
+    """The estimate reads the layers' shapes instead of running FlopCounterMode (whose first use imports
+    torch._dynamo, a second of every run's start): the same number for each built-in image model."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gleak.mechanics.models import create_model
+    from gleak.orchestration.runner import _layer_flops
+
+    net = create_model(model, shape, 10, seed=0, dtype=torch.float32, **params)
+    counted = _layer_flops(net, torch.zeros((1, *shape)))
+    net = net.to("meta")
+    with FlopCounterMode(display=False) as counter:
+        net(torch.zeros((1, *shape), device="meta")).sum().backward()
+    assert counted == counter.get_total_flops()
+
+
+def test_a_model_with_a_layer_the_count_does_not_know_falls_back_to_flop_counter():
+    import torch
+    from torch import nn
+
+    from gleak.orchestration.runner import _layer_flops
+
+    class Bilinear(nn.Module):  # products in a module of its own: invisible to the layer count
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4, 4))
+
+        def forward(self, x):
+            return x @ self.w
+
+    assert _layer_flops(nn.Sequential(nn.Flatten(), nn.Linear(16, 4), Bilinear()), torch.zeros(1, 1, 4, 4)) is None
+    assert _layer_flops(nn.Sequential(nn.Flatten(), nn.Linear(16, 4)), torch.zeros(1, 1, 4, 4)) == 2 * 16 * 4 * 2

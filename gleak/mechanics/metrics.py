@@ -27,7 +27,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from gleak.mechanics.perceptual import lpips
@@ -189,6 +188,8 @@ def match(truth: Tensor, rec: Tensor) -> tuple[np.ndarray, np.ndarray]:
 
     Returns (truth_idx, rec_idx) of min(len(truth), len(rec)) pairs.
     """
+    from scipy.optimize import linear_sum_assignment  # imported where used: 0.35 s that most processes never need
+
     rows, cols = linear_sum_assignment(pairwise_mse(truth, rec).cpu().numpy())
     return rows, cols
 
@@ -198,6 +199,8 @@ def exact_share(truth: Tensor, rec: Tensor, threshold: float = EXACT_PSNR) -> fl
     `threshold`, over the batch size. A pairing of its own, because the MSE pairing of `match` may trade an exact
     pair for a lower total MSE elsewhere."""
     exact = (10 * torch.log10(1.0 / pairwise_mse(truth, rec)) > threshold).cpu().numpy()
+    from scipy.optimize import linear_sum_assignment
+
     rows, cols = linear_sum_assignment(-exact.astype(np.float64))
     return float(exact[rows, cols].sum()) / len(truth)
 

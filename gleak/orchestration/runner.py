@@ -71,19 +71,60 @@ def _model_pass_cost(case: CaseConfig) -> float:
 
 @functools.lru_cache(maxsize=None)
 def _pass_flops(model: str, model_params: str, input_shape: tuple[int, ...], classes: int, dtype: str) -> tuple[float, int]:
-    """(flops of one forward and backward pass on a single input, parameters) of a model, as FlopCounterMode counts
-    them (the operations torch runs, convolutions and matrix products). The model runs on torch's meta device: no
-    arithmetic, so a ResNet costs ~0.5 s to count, not its pass on the CPU."""
+    """(flops of one forward and backward pass on a single input, parameters) of a model, as
+    torch.utils.flop_counter.FlopCounterMode counts them (the matrix products and convolutions torch runs). A model
+    made of linear and convolution layers and parameter-free ones is counted by `_layer_flops` (a forward pass on
+    one input: the same numbers, tested equal), any other on torch's meta device under FlopCounterMode (no
+    arithmetic, but its first use imports torch._dynamo: about a second of every `gleak run`'s start)."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from gleak.mechanics.models import create_model
 
     dt = torch.float64 if dtype == "float64" else torch.float32
-    net = create_model(model, input_shape, classes, seed=0, dtype=dt, **json.loads(model_params)).to("meta")
+    net = create_model(model, input_shape, classes, seed=0, dtype=dt, **json.loads(model_params))
+    params = sum(p.numel() for p in net.parameters())
+    counted = _layer_flops(net, torch.zeros((1, *input_shape), dtype=dt))
+    if counted is not None:
+        return counted, params
+    from torch.utils.flop_counter import FlopCounterMode
+
+    net = net.to("meta")
     with FlopCounterMode(display=False) as counter:
         net(torch.zeros((1, *input_shape), dtype=dt, device="meta")).sum().backward()
-    return float(counter.get_total_flops()), sum(p.numel() for p in net.parameters())
+    return float(counter.get_total_flops()), params
+
+
+def _layer_flops(net: Any, x: Any) -> float | None:
+    """FlopCounterMode's count of one forward and backward pass, from the linear and convolution layers' shapes:
+    each layer's forward product (2 multiply-adds per weight use), once more for its weight's gradient and once
+    more for its input's gradient where the input depends on a parameter. None where the model has a leaf module
+    that may compute products this does not see (anything but those layers and parameter-free standard ones)."""
+    import math
+
+    from torch import nn
+
+    counted = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    free = (nn.ReLU, nn.LeakyReLU, nn.Sigmoid, nn.Tanh, nn.GELU, nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout,
+            nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm,
+            nn.GroupNorm, nn.Softmax, nn.Sequential)  # fmt: skip  # an empty Sequential: an identity shortcut
+    if any(next(m.children(), None) is None and type(m) not in (*counted, *free) for m in net.modules()):
+        return None
+    total = [0.0]
+
+    def hook(m: Any, inp: tuple, out: Any) -> None:
+        if isinstance(m, nn.Linear):
+            f = 2.0 * (inp[0].numel() // m.in_features) * m.in_features * m.out_features
+        else:
+            f = 2.0 * out.numel() * (m.in_channels // m.groups) * math.prod(m.kernel_size)
+        total[0] += f * (3 if inp[0].requires_grad else 2)
+
+    handles = [m.register_forward_hook(hook) for m in net.modules() if isinstance(m, counted)]
+    try:
+        net(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return total[0]
 
 
 def _plugin_cost(kind: str, name: str, params: dict[str, Any], case: CaseConfig) -> float:

@@ -280,7 +280,8 @@ def _worker_main(conn, env: TrialEnv) -> None:
 def _context():
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["gleak.orchestration.trial"])
+        # scipy.optimize: every image trial pairs its reconstructions (gleak.mechanics.metrics imports it lazily)
+        ctx.set_forkserver_preload(["gleak.orchestration.trial", "scipy.optimize"])
         _ensure_fork_server()
         return ctx
     return mp.get_context("spawn")

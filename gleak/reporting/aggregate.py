@@ -154,10 +154,11 @@ def spread(values: Any) -> dict[str, float | None]:
         return out
     out["mean"] = float(v.mean())
     if len(v) > 1:
-        from scipy.stats import t
+        # Student's t quantile by scipy.special (the same values as scipy.stats.t.ppf; scipy.stats takes 0.6 s to import)
+        from scipy.special import stdtrit
 
         sd = float(v.std(ddof=1))
-        half = float(t.ppf(0.975, len(v) - 1)) * sd / math.sqrt(len(v))
+        half = float(stdtrit(len(v) - 1, 0.975)) * sd / math.sqrt(len(v))
         out.update(std=sd, lo=out["mean"] - half, hi=out["mean"] + half)
     return out
 

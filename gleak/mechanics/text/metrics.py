@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from gleak.mechanics.verdicts import text_verdict
@@ -143,6 +142,8 @@ def text_scores(truth: Tensor, rec: Tensor | None, blind: Tensor, vocab: list[st
     ids = read_tokens(rec)
     rows = [*ids, *[blind] * max(0, b - len(ids))]  # the blind guess fills in for a missing row
     table = [[_one(t, r, vocab) for r in rows] for t in truth]
+    from scipy.optimize import linear_sum_assignment  # imported where used (0.35 s)
+
     ti, ri = linear_sum_assignment(-np.array([[s["rouge1"] for s in row] for row in table]))
     picked = [table[i][j] for i, j in zip(ti, ri)]
     for k in (*ROUGE_KEYS, "token_acc"):
