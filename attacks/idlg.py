@@ -17,8 +17,9 @@ from gleak.contracts.registry import register_attack
 from gleak.contracts.wire import Knowledge, Observation, Reconstruction, Update
 from gleak.mechanics.models import last_linear
 
-LabelStrategy = Literal["idlg", "bias-sign", "row-sign", "count-aware", "yin"]
-STRATEGIES: tuple[str, ...] = ("idlg", "bias-sign", "row-sign", "count-aware", "yin")
+LabelStrategy = Literal["idlg", "bias-sign", "row-sign", "count-aware", "yin", "llg", "llg+"]
+STRATEGIES: tuple[str, ...] = ("idlg", "bias-sign", "row-sign", "count-aware", "yin", "llg", "llg+")
+LLG_REPEATS = 10  # LLG+'s dummy batches per class (the authors' Predictor.py: n = 10)
 
 
 def last_layer_grads(update: Update, model: nn.Module) -> tuple[Tensor, Tensor | None]:
@@ -53,6 +54,53 @@ def _mean_probabilities(model: nn.Module, knowledge: Knowledge, rng: torch.Gener
         return torch.softmax(model(x.to(next(model.parameters()).dtype)), dim=-1).mean(0)
 
 
+def llg_counts(row_sums: Tensor, batch_size: int, impact: float, offset: Tensor | None = None) -> Tensor:
+    """Wainakh et al.'s label read-out (PETS 2022, "User-Level Label Leakage from Gradients in Federated Learning";
+    the authors' tklab-tud/LLG, Predictor.py): every class whose last-layer weight-gradient row sum is negative is
+    in the batch (one label each, most negative first); the rest are drawn one at a time as the class of the
+    smallest row sum, each label taking one sample's `impact` (negative) off its class's sum. `offset`: the row
+    sums' value for classes absent from a batch (LLG+), subtracted before the draws; the first step reads the
+    signs of the sums as observed, as the authors' code does."""
+    sums = row_sums.double().clone()
+    present = [int(c) for c in torch.argsort(sums) if sums[c] < 0][:batch_size]
+    if offset is not None:
+        sums = sums - offset.double()
+    labels = []
+    for c in present:
+        labels.append(c)
+        sums[c] -= impact
+    while len(labels) < batch_size:
+        c = int(torch.argmin(sums))
+        labels.append(c)
+        sums[c] -= impact
+    return torch.tensor(sorted(labels), dtype=torch.long)
+
+
+def _llg_plus_calibration(model: nn.Module, knowledge: Knowledge, batch_size: int, rng: torch.Generator) -> tuple[float, Tensor]:
+    """LLG+'s (impact, offset) from dummy batches (the authors' Predictor.LLGp_prediction): for each class i, a batch
+    of `batch_size` dummy inputs (N(0, 1); no data of the victim's) all labelled i, its last-layer weight-gradient
+    row sums at the observed model; impact: class i's own sum per sample, offset: the other classes' sums, each
+    averaged over the classes and LLG_REPEATS repetitions. The impact is scaled by (1 + 1 / classes), as theirs."""
+    found = last_linear(model)
+    if found is None:
+        raise UnsupportedCase("label recovery needs a final nn.Linear layer")
+    weight = found[1].weight
+    classes = knowledge.num_classes
+    dtype = weight.dtype
+    impact, offset = 0.0, torch.zeros(classes, dtype=torch.float64)
+    for _ in range(LLG_REPEATS):
+        for i in range(classes):
+            x = torch.randn((batch_size, *knowledge.input_shape), generator=rng, dtype=dtype)
+            y = torch.full((batch_size,), i, dtype=torch.long)
+            (g,) = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), [weight])
+            sums = g.double().sum(dim=1)
+            impact += float(sums[i]) / batch_size
+            offset += sums
+            offset[i] -= sums[i]
+    impact /= classes * LLG_REPEATS
+    return impact * (1 + 1 / classes), offset / (LLG_REPEATS * (classes - 1))
+
+
 def recover_labels(
     update: Update,
     model: nn.Module,
@@ -71,6 +119,11 @@ def recover_labels(
     row-sign: classes whose weight row sum is negative (the row-sum sign count), most negative first.
     count-aware: per-class counts from db_c = mean_p_c - n_c / B, with mean_p estimated by running the model on
         public data (or dummy inputs); rounded so that the counts sum to the batch size.
+    llg: Wainakh et al.'s LLG (PETS 2022; `llg_counts`): the negative row sums' classes, then the rest drawn by
+        the smallest row sum, one sample's impact taken off each draw; the impact: the negative row sums' total over
+        the batch size, times 1 + 1 / classes.
+    llg+: LLG with the impact and the absent classes' offset calibrated on dummy batches at the observed model
+        (`_llg_plus_calibration`; no data of the victim's).
     When a sign strategy finds fewer classes than the batch size, the found classes are repeated.
     """
     dw, db = last_layer_grads(update, model)
@@ -89,6 +142,14 @@ def recover_labels(
     if strategy == "row-sign":
         order = torch.argsort(row_sums)
         return _take(order, order[row_sums[order] < 0], batch_size)
+    if strategy == "llg":
+        negative = float(row_sums[row_sums < 0].sum())
+        return llg_counts(row_sums, batch_size, negative / batch_size * (1 + 1 / len(row_sums)))
+    if strategy == "llg+":
+        gen = rng if rng is not None else torch.Generator().manual_seed(0)
+        with torch.enable_grad():
+            impact, offset = _llg_plus_calibration(model, knowledge, batch_size, gen)
+        return llg_counts(row_sums, batch_size, impact, offset)
     if strategy == "count-aware":
         gen = rng if rng is not None else torch.Generator().manual_seed(0)
         p = _mean_probabilities(model, knowledge, gen).double()
@@ -114,8 +175,10 @@ class IDLG(Attack):
     Parameters
     ----------
     labels: which rule reads the labels. "idlg" (default, the paper's rule: smallest row sum of the last-layer
-        weight gradient), "bias-sign", "row-sign", "count-aware" or "yin" (see `recover_labels`). iDLG's 100% claim holds
-        for per-sample gradients (batch size 1); the others are batch extensions, not from the paper.
+        weight gradient), "bias-sign", "row-sign", "count-aware", "yin", or Wainakh et al.'s (PETS 2022) "llg" and
+        "llg+" (see `recover_labels`). iDLG's 100% claim holds for per-sample gradients (batch size 1); the others
+        are batch extensions, not from the paper. Deviation, named: LLG's multi-step reading (its impact divided by
+        the local iterations) is not built: a FedAvg update is read as one gradient.
     Returns labels only: the image columns of its trials are empty.
     """
 
