@@ -13,10 +13,10 @@ from typing import Any, Callable
 import torch
 
 from gleak.contracts.attack_output import check_reconstruction, max_images
+from gleak.contracts.plugin import hard_labels
 from gleak.contracts.vocabulary import DEFAULT_SEQ_LEN, DEFAULT_VOCAB_SIZE, is_text_dataset
 from gleak.contracts.wire import denormalize, normalize
 from gleak.mechanics.data import load_dataset
-from gleak.contracts.plugin import hard_labels
 from gleak.mechanics.metrics import mean_image, original_scores, score, victim_share
 
 TEXT_MODELS = ("text-classifier", "text-lm")
