@@ -21,7 +21,7 @@ class InstaHide(Mixing):
     """The client computes its gradient on k-way mixtures of its batch (as `mixup`), each entry multiplied by a
     random sign, and their mixed one-hot labels.
 
-    Parameters (defaults: Huang et al.'s evaluation, --k 4 --c_1 0 --c_2 0.65)
+    Parameters (defaults: Huang et al.'s evaluation, their example scripts' --k 4 --c_1 0 --c_2 0.65)
     ----------
     k, lower, upper, alpha_first, num_classes: as `mixup` (gleak.defenses.mixup.MixUp).
 

@@ -14,7 +14,8 @@ from gleak.defenses._mixing import Mixing
 class MixUp(Mixing):
     """The client computes its gradient on k-way mixtures of its batch and their mixed one-hot labels.
 
-    Parameters (defaults: Huang et al.'s evaluation, their attack_cifar10 scripts' --k 4 --c_1 0 --c_2 0.65)
+    Parameters (defaults: Huang et al.'s evaluation, their example scripts' --k 4 --c_1 0 --c_2 0.65; with gradient
+    pruning they mix k = 6)
     ----------
     k: how many distinct examples each encoding mixes (4). Zhang et al.'s MixUp mixes two with lambda ~ Beta(a, a):
         k = 2 with alpha_first = 1 and bounds [0, 1] is that law for a = 1.
