@@ -217,10 +217,9 @@ class DLG(DefenseAware, Attack):
             x_final, y_final, run = self._restarts_batched(problem, rng)
         else:
             x_final, y_final, run = self._restarts_loop(problem, rng)
-        if self.labels == "soft":
-            y_final = y_final.argmax(-1)
         extra.update(run)
-        return Reconstruction(x=x_final, y=hard_labels(y_final).long(), extra=extra)  # given soft labels (MixUp): their largest
+        # class indices: optimised label logits and given soft labels (MixUp) by their largest entry
+        return Reconstruction(x=x_final, y=hard_labels(y_final).long(), extra=extra)
 
     def _polish(self, box) -> bool:
         """Quantization: the plain objective first (the cells' centres are the best point reading of the wire),
