@@ -17,8 +17,8 @@ from gleak.contracts.registry import register_attack
 from gleak.contracts.wire import Knowledge, Observation, Reconstruction, Update
 from gleak.mechanics.models import last_linear
 
-LabelStrategy = Literal["idlg", "bias-sign", "row-sign", "count-aware", "yin", "llg", "llg+"]
-STRATEGIES: tuple[str, ...] = ("idlg", "bias-sign", "row-sign", "count-aware", "yin", "llg", "llg+")
+LabelStrategy = Literal["idlg", "bias-sign", "row-sign", "count-aware", "yin", "llg", "llg+", "geng"]
+STRATEGIES: tuple[str, ...] = ("idlg", "bias-sign", "row-sign", "count-aware", "yin", "llg", "llg+", "geng")
 LLG_REPEATS = 10  # LLG+'s dummy batches per class (the authors' Predictor.py: n = 10)
 
 
@@ -44,14 +44,51 @@ def _take(order: Tensor, chosen: Tensor, batch_size: int) -> Tensor:
     return chosen.repeat(reps)[:batch_size]
 
 
+def _dummy_inputs(model: nn.Module, knowledge: Knowledge, rng: torch.Generator) -> Tensor:
+    """Client-like inputs the attacker may use: public data where granted, else N(0, 1) dummies (the estimate the
+    count-aware literature uses for untrained models)."""
+    dtype = next(model.parameters()).dtype
+    if knowledge.public_x is not None:
+        return knowledge.public_x[:64].to(dtype)
+    return torch.randn((64, *knowledge.input_shape), generator=rng, dtype=dtype)
+
+
 def _mean_probabilities(model: nn.Module, knowledge: Knowledge, rng: torch.Generator) -> Tensor:
     """The attacker's estimate of the model's mean softmax output on client-like data."""
-    if knowledge.public_x is not None:
-        x = knowledge.public_x[:64]
-    else:  # no public data: dummy inputs, the estimate the count-aware literature uses for untrained models
-        x = torch.randn((64, *knowledge.input_shape), generator=rng, dtype=next(model.parameters()).dtype)
     with torch.no_grad():
-        return torch.softmax(model(x.to(next(model.parameters()).dtype)), dim=-1).mean(0)
+        return torch.softmax(model(_dummy_inputs(model, knowledge, rng)), dim=-1).mean(0)
+
+
+def _mean_output_and_feature_sum(model: nn.Module, knowledge: Knowledge, rng: torch.Generator) -> tuple[Tensor, float]:
+    """Geng et al.'s two estimates on client-like inputs: the mean softmax output p and the mean sum O of the last
+    linear layer's input features (non-negative after ReLU)."""
+    found = last_linear(model)
+    if found is None:
+        raise UnsupportedCase("label recovery needs a final nn.Linear layer")
+    seen: list[Tensor] = []
+    handle = found[1].register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0].detach()))
+    try:
+        with torch.no_grad():
+            p = torch.softmax(model(_dummy_inputs(model, knowledge, rng)), dim=-1).mean(0)
+    finally:
+        handle.remove()
+    return p, float(seen[-1].double().flatten(1).sum(1).mean())
+
+
+def _round_counts(est: Tensor, batch_size: int) -> Tensor:
+    """Real-valued per-class counts (clamped at 0) rounded to whole labels that sum to the batch size (largest
+    remainder), as class indices."""
+    est = est.clamp_min(0)
+    counts = est.floor().long()
+    rest = batch_size - int(counts.sum())
+    if rest > 0:
+        counts[torch.argsort(est - counts, descending=True)[:rest]] += 1
+    elif rest < 0:
+        for c in torch.argsort(est - counts):
+            while rest < 0 and counts[c] > 0:
+                counts[c] -= 1
+                rest += 1
+    return torch.repeat_interleave(torch.arange(len(counts)), counts)
 
 
 def llg_counts(row_sums: Tensor, batch_size: int, impact: float, offset: Tensor | None = None) -> Tensor:
@@ -124,6 +161,11 @@ def recover_labels(
         the batch size, times 1 + 1 / classes.
     llg+: LLG with the impact and the absent classes' offset calibrated on dummy batches at the observed model
         (`_llg_plus_calibration`; no data of the victim's).
+    geng: Geng et al. ("Towards General Deep Leakage in Federated Learning", 2021), for a FedSGD gradient: the row
+        sum of class j is sum_i (p_ij - y_ij) O_i / B with O_i the sum of sample i's last-layer input features;
+        taking p_ij and O_i at their means p_j and O over dummy inputs, n_j = B (p_j - row_sum_j / O), rounded to
+        the batch size (largest remainder). No bias needed. Their FedAvg form (the mean output over the local
+        steps) is not built: an update is read as one gradient.
     When a sign strategy finds fewer classes than the batch size, the found classes are repeated.
     """
     dw, db = last_layer_grads(update, model)
@@ -145,26 +187,19 @@ def recover_labels(
     if strategy == "llg":
         negative = float(row_sums[row_sums < 0].sum())
         return llg_counts(row_sums, batch_size, negative / batch_size * (1 + 1 / len(row_sums)))
+    gen = rng if rng is not None else torch.Generator().manual_seed(0)
     if strategy == "llg+":
-        gen = rng if rng is not None else torch.Generator().manual_seed(0)
         with torch.enable_grad():
             impact, offset = _llg_plus_calibration(model, knowledge, batch_size, gen)
         return llg_counts(row_sums, batch_size, impact, offset)
     if strategy == "count-aware":
-        gen = rng if rng is not None else torch.Generator().manual_seed(0)
         p = _mean_probabilities(model, knowledge, gen).double()
-        est = (batch_size * (p - db.double())).clamp_min(0)
-        counts = est.floor().long()
-        # Hand the remaining labels to the classes with the largest fractional parts (largest remainder).
-        rest = batch_size - int(counts.sum())
-        if rest > 0:
-            counts[torch.argsort(est - counts, descending=True)[:rest]] += 1
-        elif rest < 0:
-            for c in torch.argsort(est - counts):
-                while rest < 0 and counts[c] > 0:
-                    counts[c] -= 1
-                    rest += 1
-        return torch.repeat_interleave(torch.arange(len(counts)), counts)
+        return _round_counts(batch_size * (p - db.double()), batch_size)
+    if strategy == "geng":
+        p, feature_sum = _mean_output_and_feature_sum(model, knowledge, gen)
+        if not feature_sum > 0:
+            raise UnsupportedCase("label strategy 'geng' needs the last layer's inputs to have a positive mean sum")
+        return _round_counts(batch_size * (p.double() - row_sums / feature_sum), batch_size)
     raise ValueError(f"unknown label strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
 
 
@@ -175,10 +210,11 @@ class IDLG(Attack):
     Parameters
     ----------
     labels: which rule reads the labels. "idlg" (default, the paper's rule: smallest row sum of the last-layer
-        weight gradient), "bias-sign", "row-sign", "count-aware", "yin", or Wainakh et al.'s (PETS 2022) "llg" and
-        "llg+" (see `recover_labels`). iDLG's 100% claim holds for per-sample gradients (batch size 1); the others
-        are batch extensions, not from the paper. Deviation, named: LLG's multi-step reading (its impact divided by
-        the local iterations) is not built: a FedAvg update is read as one gradient.
+        weight gradient), "bias-sign", "row-sign", "count-aware", "yin", Wainakh et al.'s (PETS 2022) "llg" and
+        "llg+", or Geng et al.'s (2021) "geng" (see `recover_labels`). iDLG's 100% claim holds for per-sample
+        gradients (batch size 1); the others are batch extensions, not from the paper. Deviation, named: LLG's and
+        Geng et al.'s multi-step readings (for FedAvg's local iterations) are not built: an update is read as one
+        gradient.
     Returns labels only: the image columns of its trials are empty.
     """
 

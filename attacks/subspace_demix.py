@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gleak.attacks._relu_rows import one_thread, span_coordinates, unit_bias
 from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.plugin import Attack
 from gleak.contracts.registry import register_attack
@@ -125,14 +126,10 @@ class SubspaceDemix(Attack):
         dim = min(n, rank)
         info.update(rank=rank, span=dim)
         if dim == 1:
-            return _unit_bias(vh[:1]), info
+            return unit_bias(vh[:1]), info
         if not 2 <= dim <= d:
             return empty, info
-        v = vh[:dim]
-        y = r @ v.T
-        # Each row's noise (rounding in the protocol and in float arithmetic) shows as its part outside the span;
-        # along one direction of the span it is that part divided by sqrt(remaining dimensions).
-        noise = (r - y @ v).norm(dim=1) / max(1, d + 1 - dim) ** 0.5
+        y, v, noise = span_coordinates(r, vh, dim)
         tol = self.inlier_tol * noise.clamp_min(1e-15 * float(r.norm(dim=1).max()))
         normals = self._hyperplanes(y, tol, unit, dim, rng)
         info["hyperplanes"] = len(normals)
@@ -141,7 +138,7 @@ class SubspaceDemix(Attack):
         u = torch.stack(normals, 1)
         if torch.linalg.matrix_rank(u) < dim:
             return empty, info
-        return _unit_bias(torch.linalg.solve(u, v)), info
+        return unit_bias(torch.linalg.solve(u, v)), info
 
     def _hyperplanes(self, y: Tensor, tol: Tensor, unit: Tensor, dim: int, rng: torch.Generator) -> list[Tensor]:
         """Normals u of hyperplanes through the origin of R^dim that each hold >= min_share of the rows of y, a row
@@ -169,7 +166,7 @@ class SubspaceDemix(Attack):
             if len(seed) == 0:
                 continue
             gram = _gram(yu, seed.T)
-            with _one_thread():  # batched eigh on small matrices is slow with several threads
+            with one_thread():  # batched eigh on small matrices is slow with several threads
                 evals, evecs = torch.linalg.eigh(gram)
             ok = evals[:, 1] > 1e-12 * evals[:, -1]  # rank dim - 1, a unique normal (squared noise is ~1e-14)
             normals = evecs[ok][:, :, 0]
@@ -209,14 +206,6 @@ def _rank_per_unit(yu: Tensor, member: Tensor, units: int, probe: int = 32) -> f
         ranks.append(int((sv**2 > 1e-12 * sv[0] ** 2).sum()) if sv.numel() else 0)
     return max(1.0, sum(ranks) / max(1, len(ranks)))
 
-
-class _one_thread:
-    def __enter__(self):
-        self.n = torch.get_num_threads()
-        torch.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        torch.set_num_threads(self.n)
 
 
 def _spread(count: int, most: int) -> list[int]:
@@ -264,18 +253,10 @@ def _smallest(gram: Tensor, u: Tensor, steps: int) -> Tensor:
     return v.squeeze(2).T
 
 
-def _unit_bias(cand: Tensor) -> Tensor:
-    """Rows [x, c] scaled to [x / c, 1]; rows whose last coordinate vanishes are dropped."""
-    if cand.numel() == 0:
-        return cand
-    last = cand[:, -1:]
-    ok = last.abs().squeeze(1) > 1e-12 * cand.abs().amax(1)
-    return cand[ok] / last[ok]
-
 
 def _single_rows(r: Tensor, count: int, tol: float = 1e-6) -> Tensor:
     """Up to `count` rows that agree with other rows (single samples), largest groups first, then other rows."""
-    cand = _unit_bias(r)
+    cand = unit_bias(r)
     if cand.shape[0] == 0:
         return torch.zeros(count, r.shape[1], dtype=r.dtype)
     dist = torch.cdist(cand, cand) / cand.norm(dim=1, keepdim=True).clamp_min(1e-30)
