@@ -56,6 +56,7 @@ class Spear(Attack):
     min_sparsity: a proposal is kept when at least this share of the live units are zeros of L' q (paper: tau).
     zero_tol: an entry of L' q is zero when below zero_tol times its unit's noise (see the module docstring).
     match_done: stop sampling once the b directions chosen have at least this sparsity-matching coefficient.
+    decode_last: also try the last direction decoded from the other b - 1 (ours; false: the paper's sampling alone).
     """
 
     needs = frozenset({"architecture", "parameters", "batch_size"})
@@ -63,7 +64,7 @@ class Spear(Attack):
 
     def __init__(
         self, max_draws: int = 1_048_576, draws_per_step: int = 4096, min_sparsity: float = 0.2, zero_tol: float = 30.0,
-        match_done: float = 0.999,
+        match_done: float = 0.999, decode_last: bool = True,
     ):  # fmt: skip
         if max_draws < 1 or draws_per_step < 1:
             raise ValueError("max_draws and draws_per_step must be >= 1")
@@ -73,6 +74,7 @@ class Spear(Attack):
             raise ValueError(f"zero_tol must be > 0, got {zero_tol}")
         self.max_draws, self.draws_per_step = max_draws, draws_per_step
         self.min_sparsity, self.zero_tol, self.match_done = min_sparsity, zero_tol, match_done
+        self.decode_last = decode_last
 
     @classmethod
     def estimated_cost(cls, params, case) -> float:
@@ -144,7 +146,8 @@ class Spear(Attack):
                 sparsity = torch.cat([sparsity[:at], torch.tensor([count]), sparsity[at:]])
             # The greedy choice runs again only when the candidates it considers (the 2 b sparsest) changed.
             if len(proposals) >= dim - 1 and not torch.equal(pool, proposals[: 2 * dim]):
-                for cand in (_greedy(proposals[: 2 * dim], dim, forward), _last_decoded(proposals, dim, forward)):
+                last = _last_decoded(proposals, dim, forward) if self.decode_last else None
+                for cand in (_greedy(proposals[: 2 * dim], dim, forward), last):
                     if cand is not None and cand[1] > score:
                         chosen, score = cand
                 if score >= self.match_done:

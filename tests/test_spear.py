@@ -19,6 +19,12 @@ def test_spear_recovers_every_sample_of_a_batch_exactly_over_seeds(batch):
     assert all(r["matched"] == batch for r in rows)
 
 
+def test_the_papers_sampling_alone_recovers_a_batch_of_8_too():
+    # decode_last = false: every direction from sampled submatrices, as the paper's Algorithm 1
+    rows = [_spear(8, seed, decode_last=False).row for seed in range(3)]
+    assert all(r["mse"] < 1e-12 for r in rows), [r["mse"] for r in rows]
+
+
 def test_spear_tells_two_samples_with_nearly_the_same_inactive_units_apart():
     """Seed 0 at batch 12 holds two photographs whose inactive units are 129 shared, 13 and 11 their own: a mix of
     their two directions vanishes at the 129 and one more unit, so it looks sparser than five true directions.
