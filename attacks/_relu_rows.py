@@ -6,7 +6,24 @@ they lie in the span of the samples, and sample s contributes nothing to the row
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from gleak.contracts.errors import UnsupportedCase
+from gleak.contracts.wire import Observation
+from gleak.mechanics.models import first_linear
+
+
+def input_layer(observation: Observation, attack: str) -> tuple[str, nn.Linear]:
+    """The parameter-name prefix and module of the observed model's first linear layer, which must have a bias and
+    read the raw input; UnsupportedCase (one line naming the attack) otherwise."""
+    model = observation.model
+    found = first_linear(model) if model is not None else None
+    if found is None or found[1].bias is None:
+        raise UnsupportedCase(f"{attack} needs a model whose first trainable layer is nn.Linear with bias")
+    name, layer = found
+    if layer.in_features != torch.Size(observation.knowledge.input_shape).numel():
+        raise UnsupportedCase(f"first linear layer {name!r} does not read the raw input")
+    return (f"{name}." if name else ""), layer
 
 
 def span_coordinates(r: Tensor, vh: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:

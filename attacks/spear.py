@@ -36,12 +36,11 @@ import math
 import torch
 from torch import Tensor
 
-from gleak.attacks._relu_rows import one_thread, span_coordinates, unit_bias
+from gleak.attacks._relu_rows import input_layer, one_thread, span_coordinates, unit_bias
 from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.plugin import Attack
 from gleak.contracts.registry import register_attack
 from gleak.contracts.wire import Observation, Reconstruction
-from gleak.mechanics.models import first_linear
 
 
 @register_attack("spear")
@@ -83,16 +82,9 @@ class Spear(Attack):
         return 2.0 + 2.0 ** min(b, 24) / 2e4
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
-        model, k = observation.model, observation.knowledge
-        found = first_linear(model) if model is not None else None
-        if found is None or found[1].bias is None:
-            raise UnsupportedCase("spear needs a model whose first trainable layer is nn.Linear with bias")
-        name, layer = found
-        prefix = f"{name}." if name else ""
-        d = int(torch.Size(k.input_shape).numel())
+        k = observation.knowledge
+        prefix, layer = input_layer(observation, "spear")
         dw, db = observation.update[f"{prefix}weight"], observation.update[f"{prefix}bias"]
-        if dw.shape[1] != d:
-            raise UnsupportedCase(f"first linear layer {name!r} does not read the raw input")
         b = int(observation.update.num_samples)
         r = torch.cat([dw, db.unsqueeze(1)], 1).to(torch.float64)
         norms = r.norm(dim=1)

@@ -24,12 +24,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gleak.attacks._relu_rows import one_thread, span_coordinates, unit_bias
-from gleak.contracts.errors import UnsupportedCase
+from gleak.attacks._relu_rows import input_layer, one_thread, span_coordinates, unit_bias
 from gleak.contracts.plugin import Attack
 from gleak.contracts.registry import register_attack
 from gleak.contracts.wire import Observation, Reconstruction
-from gleak.mechanics.models import first_linear
 
 
 @register_attack("subspace-demix")
@@ -76,18 +74,12 @@ class SubspaceDemix(Attack):
         return 20.0
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
-        model, k = observation.model, observation.knowledge
-        found = first_linear(model) if model is not None else None
-        if found is None or found[1].bias is None:
-            raise UnsupportedCase("subspace-demix needs a model whose first trainable layer is nn.Linear with bias")
-        name, _ = found
-        prefix = f"{name}." if name else ""
+        k = observation.knowledge
+        prefix, _ = input_layer(observation, "subspace-demix")
         d = int(torch.Size(k.input_shape).numel())
         rows, units = [], []
         for obs in (*observation.rounds, observation):
             dw, db = obs.update[f"{prefix}weight"], obs.update[f"{prefix}bias"]
-            if dw.shape[1] != d:
-                raise UnsupportedCase(f"first linear layer {name!r} does not read the raw input")
             rows.append(torch.cat([dw, db.unsqueeze(1)], 1).to(torch.float64))
             units.append(torch.arange(dw.shape[0]) + (0 if self.group_rounds else len(units) * dw.shape[0]))
         n = int(observation.update.num_samples)  # on the wire: the samples behind the (summed) update
