@@ -41,6 +41,7 @@ from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.plugin import Attack
 from gleak.contracts.registry import register_attack
 from gleak.contracts.wire import Observation, Reconstruction
+from gleak.mechanics.progress import report as report_progress
 
 
 @register_attack("spear")
@@ -132,7 +133,8 @@ class Spear(Attack):
                     j = int(same.nonzero()[0])
                     if count <= int(sparsity[j]):
                         continue
-                    proposals, sparsity = proposals[torch.arange(len(proposals)) != j], sparsity[torch.arange(len(sparsity)) != j]
+                    keep = torch.arange(len(proposals)) != j
+                    proposals, sparsity = proposals[keep], sparsity[keep]
                 at = int((sparsity >= count).sum())
                 proposals = torch.cat([proposals[:at], p[None], proposals[at:]])
                 sparsity = torch.cat([sparsity[:at], torch.tensor([count]), sparsity[at:]])
@@ -144,6 +146,7 @@ class Spear(Attack):
                         chosen, score = cand
                 if score >= self.match_done:
                     break
+            report_progress(extra["draws"], self.max_draws, 1.0 - score)  # the loss shown: 1 - sparsity matching
         extra["proposals"] = len(proposals)
         if chosen is None:
             chosen = _complete(proposals, dim)
