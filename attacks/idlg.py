@@ -22,12 +22,17 @@ STRATEGIES: tuple[str, ...] = ("idlg", "bias-sign", "row-sign", "count-aware", "
 LLG_REPEATS = 10  # LLG+'s dummy batches per class (the authors' Predictor.py: n = 10)
 
 
-def last_layer_grads(update: Update, model: nn.Module) -> tuple[Tensor, Tensor | None]:
-    """(dW, db) of the model's last nn.Linear, read from the update by parameter name."""
+def _classifier(model: nn.Module) -> tuple[str, nn.Linear]:
+    """The model's last nn.Linear (name, module); UnsupportedCase where it has none."""
     found = last_linear(model)
     if found is None:
         raise UnsupportedCase("label recovery needs a final nn.Linear layer")
-    name, layer = found
+    return found
+
+
+def last_layer_grads(update: Update, model: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """(dW, db) of the model's last nn.Linear, read from the update by parameter name."""
+    name, layer = _classifier(model)
     prefix = f"{name}." if name else ""
     dw = update.tensors.get(f"{prefix}weight")
     if dw is None:
@@ -53,20 +58,12 @@ def _dummy_inputs(model: nn.Module, knowledge: Knowledge, rng: torch.Generator) 
     return torch.randn((64, *knowledge.input_shape), generator=rng, dtype=dtype)
 
 
-def _mean_probabilities(model: nn.Module, knowledge: Knowledge, rng: torch.Generator) -> Tensor:
-    """The attacker's estimate of the model's mean softmax output on client-like data."""
-    with torch.no_grad():
-        return torch.softmax(model(_dummy_inputs(model, knowledge, rng)), dim=-1).mean(0)
-
-
 def _mean_output_and_feature_sum(model: nn.Module, knowledge: Knowledge, rng: torch.Generator) -> tuple[Tensor, float]:
-    """Geng et al.'s two estimates on client-like inputs: the mean softmax output p and the mean sum O of the last
-    linear layer's input features (non-negative after ReLU)."""
-    found = last_linear(model)
-    if found is None:
-        raise UnsupportedCase("label recovery needs a final nn.Linear layer")
+    """The attacker's estimates on client-like inputs (`_dummy_inputs`): the model's mean softmax output p (the
+    count-aware rule's) and the mean sum O of the last linear layer's input features (Geng et al.'s; non-negative
+    after ReLU)."""
     seen: list[Tensor] = []
-    handle = found[1].register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0].detach()))
+    handle = _classifier(model)[1].register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0].detach()))
     try:
         with torch.no_grad():
             p = torch.softmax(model(_dummy_inputs(model, knowledge, rng)), dim=-1).mean(0)
@@ -118,10 +115,7 @@ def _llg_plus_calibration(model: nn.Module, knowledge: Knowledge, batch_size: in
     of `batch_size` dummy inputs (N(0, 1); no data of the victim's) all labelled i, its last-layer weight-gradient
     row sums at the observed model; impact: class i's own sum per sample, offset: the other classes' sums, each
     averaged over the classes and LLG_REPEATS repetitions. The impact is scaled by (1 + 1 / classes), as theirs."""
-    found = last_linear(model)
-    if found is None:
-        raise UnsupportedCase("label recovery needs a final nn.Linear layer")
-    weight = found[1].weight
+    weight = _classifier(model)[1].weight
     classes = knowledge.num_classes
     dtype = weight.dtype
     impact, offset = 0.0, torch.zeros(classes, dtype=torch.float64)
@@ -193,7 +187,7 @@ def recover_labels(
             impact, offset = _llg_plus_calibration(model, knowledge, batch_size, gen)
         return llg_counts(row_sums, batch_size, impact, offset)
     if strategy == "count-aware":
-        p = _mean_probabilities(model, knowledge, gen).double()
+        p = _mean_output_and_feature_sum(model, knowledge, gen)[0].double()
         return _round_counts(batch_size * (p - db.double()), batch_size)
     if strategy == "geng":
         p, feature_sum = _mean_output_and_feature_sum(model, knowledge, gen)
