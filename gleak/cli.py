@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         resolve(args.device)
     if args.executor == "local" and not args.in_process:
-        from gleak.orchestration.workers import prestart
+        from gleak.orchestration.fork_server import prestart
 
         prestart()  # the workers' fork server imports torch while the suite is validated
     load_plugins(args.plugin)

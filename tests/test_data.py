@@ -242,3 +242,40 @@ def test_utility_runs_train_on_dirichlet_shards_when_asked(tmp_path, utility_sui
     (tmp_path / "bad.toml").write_text(text.replace("dirichlet_alpha = 0.1", "dirichlet_alpha = 0.0"))
     with pytest.raises(InputError, match=r"\[utility\] key 'dirichlet_alpha': must be > 0"):
         load_suite(tmp_path / "bad.toml")
+
+
+def test_the_embedded_crops_come_from_the_disk_cache_bit_for_bit_and_a_bad_entry_is_cut_again(tmp_path, monkeypatch):
+    """Cached crops are the cut ones, bit for bit, at each size its own entry; an entry that is damaged, another
+    size's or edited is cut again and replaced; a cache folder that cannot be written still gives the crops."""
+    from gleak.mechanics import data, disk_cache
+
+    monkeypatch.setenv(disk_cache.CACHE_ENV, str(tmp_path / "cache"))
+    cuts = []
+    cut = data._cut_skimage_crops
+    monkeypatch.setattr(data, "_cut_skimage_crops", lambda size: cuts.append(size) or cut(size))
+    for size in (8, 12):
+        want = cut(size)
+        for _ in range(2):
+            x, y = data._skimage_crops(size)
+            assert torch.equal(x, want[0]) and torch.equal(y, want[1])
+    assert cuts == [8, 12]  # once each: the second load of a size is read from its entry
+    entries = {int(p.name.split("-")[1]): p for p in (tmp_path / "cache" / "data").glob("skimage-*.pt")}
+    assert sorted(entries) == [8, 12]
+    good = entries[8].read_bytes()
+    saved = torch.load(entries[8], weights_only=True)
+    edited = {**saved, "tensors": {**saved["tensors"], "x": saved["tensors"]["x"] * 0.5}}
+    for damage in ("truncated", "another size's", "edited"):
+        if damage == "truncated":
+            entries[8].write_bytes(good[: len(good) // 2])
+        elif damage == "another size's":
+            entries[8].write_bytes(entries[12].read_bytes())
+        else:
+            torch.save(edited, entries[8])
+        cuts.clear()
+        x, _ = data._skimage_crops(8)
+        assert cuts == [8] and torch.equal(x, cut(8)[0]), damage
+        assert entries[8].read_bytes() == good, damage  # replaced by the whole entry
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv(disk_cache.CACHE_ENV, str(blocker))
+    assert torch.equal(data._skimage_crops(8)[0], cut(8)[0])

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _store_sql import connect
 from gleak import cli
 
 
@@ -61,7 +62,7 @@ def refused(args, folder, capsys, needle=""):
 
 
 def _sql(folder, statement, *args):
-    con = sqlite3.connect(folder / "results.sqlite")
+    con = connect(folder)
     with con:
         con.execute(statement, args)
     con.close()
@@ -74,7 +75,7 @@ def _npz(**arrays) -> bytes:
 
 
 def _good(folder) -> dict:
-    con = sqlite3.connect(folder / "results.sqlite")
+    con = connect(folder)
     blob = con.execute("SELECT arrays FROM reconstructions").fetchone()[0]
     con.close()
     with np.load(io.BytesIO(blob)) as z:
@@ -143,10 +144,43 @@ def test_a_damaged_store_field_is_one_line_for_every_command(t1, tmp_path, capsy
         refused(args, out, capsys, needle)
 
 
+def _sqlite_file(path: Path, application_id: int, version: int) -> None:
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA application_id = {application_id}")
+    con.execute(f"PRAGMA user_version = {version}")
+    con.execute("CREATE TABLE reconstructions (trial_id TEXT PRIMARY KEY, arrays BLOB NOT NULL, digest TEXT)")
+    con.close()
+
+
+ARRAYS_FILES = {  # what may sit at reconstructions.sqlite, and the words of its one line
+    "random bytes": (lambda p: p.write_bytes(np.random.default_rng(0).bytes(4096)), "not an SQLite file"),
+    "empty": (lambda p: p.write_bytes(b""), "an empty file"),
+    "another application's": (lambda p: (p.unlink(), _sqlite_file(p, 0x1234, 1)), "another application"),
+    "a newer gleak's": (lambda p: (p.unlink(), _sqlite_file(p, 0x474C4B41, 99)), "newer gleak"),
+    "no table": (lambda p: (p.unlink(), sqlite3.connect(p).execute("PRAGMA application_id = 1196182337").connection.close()),
+                 "no reconstructions table"),
+    "damaged": (lambda p: p.write_bytes(p.read_bytes()[:4096] + b"\xff" * 8192), "damaged"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(ARRAYS_FILES))
+def test_a_foreign_or_damaged_arrays_file_is_one_line_for_every_command(t1, tmp_path, capsys, kind):
+    """The arrays file beside the store is checked as the store is: each command refuses in one line naming it, and
+    nothing in the folder changes."""
+    out = copy(t1, tmp_path)
+    make, needle = ARRAYS_FILES[kind]
+    make(out / "reconstructions.sqlite")
+    suite = t1.parent / "t1.toml"
+    for args in (["leaderboard", str(out)], ["plot", str(out)], ["rescore", str(out)],
+                 ["run", str(suite), "--out", str(out), "--no-progress", "--in-process"]):  # fmt: skip
+        refused(args, out, capsys, "reconstructions.sqlite")
+        refused(args, out, capsys, needle)
+
+
 def _published(t1, tmp_path) -> Path:
     """The folder as a clone has it: its reports, no store."""
     out = copy(t1, tmp_path)
-    for f in ("results.sqlite", ".lock"):
+    for f in ("results.sqlite", "reconstructions.sqlite", ".lock"):
         (out / f).unlink(missing_ok=True)
     return out
 

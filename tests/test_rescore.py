@@ -6,6 +6,7 @@ import subprocess
 
 import pandas as pd
 import pytest
+from _store_sql import connect
 
 SUITE = """
 [suite]
@@ -42,7 +43,7 @@ def folder(tmp_path_factory):
 
 def test_rescore_recomputes_what_the_run_stored(folder, gleak_cmd, run_env):
     before = pd.read_csv(folder / "results.csv")
-    with sqlite3.connect(folder / "results.sqlite") as db:  # damage the stored metrics
+    with connect(folder) as db:  # damage the stored metrics
         n = db.execute("SELECT COUNT(*) FROM reconstructions").fetchone()[0]
         db.execute("UPDATE trials SET psnr = 0, ssim = 0, mse = 1 WHERE mse IS NOT NULL")
     assert n == int(before["mse"].notna().sum()) > 0  # every image trial kept its arrays, label-only ones none
@@ -105,7 +106,7 @@ def _copy(folder, tmp_path):
 
 def _edit(out, *statements):
     """Run SQL on the folder's store and close it (its log folded back into the file)."""
-    db = sqlite3.connect(out / "results.sqlite")
+    db = connect(out)
     try:
         with db:
             for sql, args in statements:
@@ -115,7 +116,7 @@ def _edit(out, *statements):
 
 
 def _swap_two_arrays(out) -> tuple[str, str]:
-    db = sqlite3.connect(out / "results.sqlite")
+    db = connect(out)
     (a, blob_a), (b, blob_b) = db.execute("SELECT trial_id, arrays FROM reconstructions ORDER BY trial_id LIMIT 2").fetchall()
     db.close()
     _edit(out, ("UPDATE reconstructions SET arrays = ? WHERE trial_id = ?", (blob_b, a)),
@@ -129,11 +130,11 @@ def test_rescore_refuses_arrays_moved_to_another_trial(folder, tmp_path, gleak_c
     would otherwise be rescored as the other trial's (an exact recovery scored as a poor one, or the reverse)."""
     out = _copy(folder, tmp_path)
     a, _ = _swap_two_arrays(out)
-    before = (out / "results.sqlite").read_bytes()
+    before = [(out / f).read_bytes() for f in ("results.sqlite", "reconstructions.sqlite")]
     code, err = gleak_cli(["rescore", str(out), "--metrics", "psnr"])
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert a in err and "digest" in err
-    assert (out / "results.sqlite").read_bytes() == before
+    assert [(out / f).read_bytes() for f in ("results.sqlite", "reconstructions.sqlite")] == before
 
 
 def test_plot_draws_the_grid_from_the_store_when_the_pngs_are_gone(folder, tmp_path, gleak_cli):
@@ -164,7 +165,7 @@ def test_plot_draws_the_grid_from_the_store_when_the_pngs_are_gone(folder, tmp_p
         for p in grids:
             assert np.array_equal(np.asarray(Image.open(p)), drawn[p.name]), (case, p.name)
     shutil.rmtree(out / "images")
-    db = sqlite3.connect(out / "results.sqlite")
+    db = connect(out)
     rows = db.execute("SELECT trial_id, arrays FROM reconstructions ORDER BY trial_id").fetchall()
     db.close()
     _edit(out, *(("UPDATE reconstructions SET arrays = ? WHERE trial_id = ?", (blob, tid))
@@ -175,25 +176,63 @@ def test_plot_draws_the_grid_from_the_store_when_the_pngs_are_gone(folder, tmp_p
     assert {p.name: p.read_bytes() for p in grids} == kept  # nothing drawable: the grids drawn before stay
 
 
-def test_a_store_from_before_the_digest_is_upgraded_once_and_then_checked(folder, tmp_path):
-    """A version-1 store (arrays without digests) opened by this gleak: each array stamped with its trial's digest
-    in one step and the version raised; from then on a swap is found."""
+def _legacy(out, version: int) -> None:
+    """The folder's store as gleak wrote it before the arrays had their own file (version 4), or before they carried
+    a digest too (version 1): the arrays back in results.sqlite, the arrays file gone."""
+    digest = ", digest" if version >= 2 else ""
+    _edit(out, (f"CREATE TABLE main.reconstructions (trial_id TEXT PRIMARY KEY, arrays BLOB NOT NULL{digest})", ()),
+          (f"INSERT INTO main.reconstructions SELECT trial_id, arrays{digest} FROM arrays.reconstructions", ()),
+          (f"PRAGMA main.user_version = {version}", ()))  # fmt: skip
+    (out / "reconstructions.sqlite").unlink()
+
+
+@pytest.mark.parametrize("version", [1, 4])
+def test_a_store_from_before_the_arrays_file_is_upgraded_once_and_then_checked(folder, tmp_path, version):
+    """A store that kept its arrays in results.sqlite (version 4; version 1: without digests too) opened by this
+    gleak: the arrays move to reconstructions.sqlite (each stamped with its trial's digest where it had none), the
+    store's copy is dropped and the file compacted, the version raised; a kill after the copy and before the drop
+    repeats the copy when next opened; from then on a swap is found."""
     from gleak.contracts.errors import InputError
     from gleak.orchestration.store import SCHEMA_VERSION, Store
 
     out = _copy(folder, tmp_path)
-    _edit(out, ("ALTER TABLE reconstructions DROP COLUMN digest", ()), ("PRAGMA user_version = 1", ()))
-    store = Store(out, create=False)
-    n = len(store.reconstructions())
-    assert n > 0 and store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    store.close()
+    reference = Store(folder, create=False)
+    want = sorted(reference.reconstructions())
+    reference.close()
+    _legacy(out, version)
+    legacy_size = (out / "results.sqlite").stat().st_size
+    for attempt in ("killed after the copy", "whole"):
+        store = Store(out, create=False)
+        if attempt == "killed after the copy":  # what a kill between the two commits leaves: both copies, old version
+            store.db.execute(f"PRAGMA main.user_version = {version}")
+            store.close()
+            _edit(out, ("CREATE TABLE main.reconstructions AS SELECT * FROM arrays.reconstructions", ()))
+            continue
+        assert sorted(store.reconstructions()) == want
+        assert store.db.execute("PRAGMA main.user_version").fetchone()[0] == SCHEMA_VERSION
+        assert "reconstructions" not in store._tables("main")
+        store.close()
+    assert (out / "results.sqlite").stat().st_size < legacy_size / 2  # the arrays' pages went with them
     _swap_two_arrays(out)
     store = Store(out, create=False)
     with pytest.raises(InputError, match="digest"):
         store.reconstructions()
     skipped = []
-    assert len(store.reconstructions(on_mismatch=skipped.append)) == n - 2 and len(skipped) == 2
+    assert len(store.reconstructions(on_mismatch=skipped.append)) == len(want) - 2 and len(skipped) == 2
     store.close()
+
+
+def test_a_folder_without_its_arrays_file_reads_every_row_and_refuses_only_rescore(folder, tmp_path, gleak_cli):
+    """A published folder that commits results.sqlite but not its (large) arrays file: the leaderboard rebuilds from
+    the rows, and `gleak rescore` says in one line which file is missing, changing nothing, creating nothing."""
+    out = _copy(folder, tmp_path)
+    (out / "reconstructions.sqlite").unlink()
+    before = (out / "results.sqlite").read_bytes()
+    code, err = gleak_cli(["leaderboard", str(out)])
+    assert code == 0, err
+    code, err = gleak_cli(["rescore", str(out), "--metrics", "psnr"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "reconstructions.sqlite: absent" in err, err
+    assert (out / "results.sqlite").read_bytes() == before and not (out / "reconstructions.sqlite").exists()
 
 
 def test_a_version_3_store_gets_an_empty_feature_mse_column_which_rescore_refuses_to_fill(folder, tmp_path, gleak_cli):
@@ -209,7 +248,7 @@ def test_a_version_3_store_gets_an_empty_feature_mse_column_which_rescore_refuse
     assert (out / "results.sqlite").read_bytes() == before
     code, err = gleak_cli(["rescore", str(out), "--metrics", "ssim"])
     assert code == 0, err
-    con = sqlite3.connect(out / "results.sqlite")
+    con = connect(out)
     try:
         assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert con.execute("SELECT COUNT(*) FROM trials WHERE feat_mse IS NOT NULL").fetchone()[0] == 0
@@ -233,3 +272,33 @@ def test_a_version_2_store_gets_registered_psnr_and_iip_columns_and_rescore_fill
     assert images.any() and fresh.loc[images, "iip"].notna().all() and fresh.loc[~images, "iip"].isna().all()
     for col in ("rpsnr", "iip"):
         pd.testing.assert_series_equal(fresh[col], again[col], check_exact=False, rtol=1e-9)
+
+
+def test_a_trial_row_is_never_stored_without_its_arrays(folder, tmp_path):
+    """The two files cannot share one transaction: a trial's arrays are committed before its row, so a write that
+    fails (or a process killed) between the two leaves at most arrays without a row, which no reader uses and the
+    trial's rerun replaces, never a stored trial whose reconstruction is missing."""
+    import sqlite3 as sql
+
+    from gleak.contracts.config import TrialConfig
+    from gleak.orchestration.store import Store
+
+    out = _copy(folder, tmp_path)
+    store = Store(out, create=False)
+    trial_id, config = next(iter(store.configs().items()))
+    (_, blob, _), = store.reconstructions([trial_id])
+    row = {**store.frame().set_index("trial_id").loc[trial_id].to_dict(), "status": "ok", "reconstruction": blob}
+    cfg = TrialConfig.from_json(config)
+    store.db.execute("DELETE FROM trials WHERE trial_id = ?", (trial_id,))
+    store.db.execute("DELETE FROM arrays.reconstructions WHERE trial_id = ?", (trial_id,))
+    for table in ("arrays.reconstructions", "main.trials"):  # each write failing in turn
+        schema, name = table.split(".")
+        store.db.execute(f"CREATE TRIGGER {schema}.fail BEFORE INSERT ON {name} BEGIN SELECT RAISE(ABORT, 'full'); END")
+        with pytest.raises(sql.IntegrityError):
+            store.put(cfg, row)
+        store.db.execute(f"DROP TRIGGER {schema}.fail")
+        assert trial_id not in store.finished_ids(), table
+        assert store.reconstructions([trial_id]) == []
+    store.put(cfg, row)  # the rerun: row and arrays, the arrays left behind replaced
+    assert trial_id in store.finished_ids() and store.reconstructions([trial_id])[0][1] == blob
+    store.close()

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _store_sql import connect
 
 from gleak.orchestration.runner import estimated_costs, longest_first, run_suite
 from gleak.orchestration.store import Store, arrays_digest
@@ -141,7 +142,7 @@ def test_trials_stored_under_an_older_id_rule_are_rekeyed_not_recomputed(tmp_pat
     rerun recompute the stored trials: the run re-derives each stored trial's id from its stored config."""
     suite, out = load_suite(scale_suite), tmp_path / "old"
     run_suite(suite, out, workers=1, progress=False)
-    db = sqlite3.connect(out / "results.sqlite")
+    db = connect(out)
     with db:  # what an older rule's ids look like: other hashes of the same configs, images named after them
         for (tid, image) in db.execute("SELECT trial_id, image FROM trials").fetchall():
             old = hashlib.sha256(tid.encode()).hexdigest()[:16]

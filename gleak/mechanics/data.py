@@ -210,12 +210,41 @@ def _every_fifth_test(n: int) -> Tensor:
     return torch.arange(n) % 5 == 2
 
 
+# Bump when the crops change (what is cut, how it is converted or resized), so that cached crops are not reused.
+SKIMAGE_FORMAT = 1
+
+
 @register_dataset("skimage", "embedded default: 250 real colour crops of 10 scikit-image photographs (10 classes), 32x32 "
                   "unless resolution says otherwise")  # fmt: skip
 def _load_skimage(req: DataRequest) -> Loaded:
+    size = req.resolution or SKIMAGE_RESOLUTION  # each crop resized once, to the size asked for
+    x, y = _skimage_crops(size)
+    # Every fifth crop is held out as the test split (public data for the attacker), the rest train.
+    return x, y, tuple(SKIMAGE_PHOTOS), _every_fifth_test(len(y))
+
+
+def _skimage_crops(size: int) -> tuple[Tensor, Tensor]:
+    """The crops at `size` and their labels: from the disk cache (gleak.mechanics.disk_cache) or cut now and cached.
+    Cutting them costs about a second of CPU (each crop converted and resized from up to 256x256), and every process
+    that runs a trial on them would pay it; the cached tensors are the computed ones, bit for bit."""
+    import skimage
+
+    from gleak.mechanics import disk_cache
+
+    key = disk_cache.key_of({"format": SKIMAGE_FORMAT, "size": size, "photos": SKIMAGE_PHOTOS,
+                             "skimage": skimage.__version__, "torch": torch.__version__})  # fmt: skip
+    path = disk_cache.cache_dir() / "data" / f"skimage-{size}-{key}.pt"
+    saved = disk_cache.read_tensors(path, key)
+    if saved is not None and set(saved) == {"x", "y"}:
+        return saved["x"], saved["y"]
+    x, y = _cut_skimage_crops(size)
+    disk_cache.write_tensors(path, key, {"x": x, "y": y})
+    return x, y
+
+
+def _cut_skimage_crops(size: int) -> tuple[Tensor, Tensor]:
     import skimage.data as skd
 
-    size = req.resolution or SKIMAGE_RESOLUTION  # each crop resized once, to the size asked for
     xs, ys = [], []
     for label, name in enumerate(SKIMAGE_PHOTOS):
         img = getattr(skd, name)()
@@ -227,9 +256,7 @@ def _load_skimage(req: DataRequest) -> Loaded:
         crops = _to_tensor_images(_square_crops(img, 5))
         xs += [_resize(c.unsqueeze(0), size)[0] for c in crops]
         ys += [label] * len(crops)
-    y = torch.tensor(ys)
-    # Every fifth crop is held out as the test split (public data for the attacker), the rest train.
-    return torch.stack(xs), y, tuple(SKIMAGE_PHOTOS), _every_fifth_test(len(y))
+    return torch.stack(xs), torch.tensor(ys)
 
 
 @register_dataset("lfw", "scikit-image lfw_subset: 200 grey 25x25 faces and non-faces (2 classes)")

@@ -34,16 +34,13 @@ from gleak.contracts.errors import InputError
 from gleak.contracts.plugin import Defense, loss_fn, trainable
 from gleak.contracts.seeds import derive_seed, generator
 from gleak.mechanics.data import ImageDataset
+from gleak.mechanics.disk_cache import CACHE_ENV, cache_dir  # noqa: F401 - CACHE_ENV: the tests set the folder by it
+from gleak.mechanics.disk_cache import tensors_digest as state_digest
 from gleak.mechanics.models import create_model
 
 # Bump when training changes, so that cached weights of the old procedure are not reused.
 PRETRAIN_FORMAT = 1
-CACHE_ENV = "GLEAK_CACHE"
 _MEMORY: dict[str, tuple[dict[str, torch.Tensor], dict[str, float]]] = {}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gleak")
 
 
 def wraps_model(defense: Defense | None) -> bool:
@@ -106,16 +103,6 @@ def _initial(case: CaseConfig, ds: ImageDataset, dtype: torch.dtype, defense: De
     if defense is not None:
         model = defense.wrap_model(model, generator(case.train_seed, "pretrain-defense-model"))
     return model
-
-
-def state_digest(state: dict[str, torch.Tensor]) -> str:
-    """sha256 of a state dict's names, dtypes, shapes and values (in name order)."""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 def check_model_cache() -> Path:

@@ -52,7 +52,7 @@ MAX_LABEL = 1 << 20  # a stored label at or above this is damage (and would make
 def unpack(blob: bytes, trial_id: str = "") -> dict[str, Tensor | None]:
     """One trial's arrays from `pack`'s bytes, checked: InputError (one line naming the trial) unless they are the
     arrays `pack` writes (a store is a file anyone can edit; a pickled array is never loaded)."""
-    where = f"results.sqlite: table reconstructions, trial {trial_id[:40]!r}:"
+    where = f"reconstructions.sqlite: table reconstructions, trial {trial_id[:40]!r}:"
     try:
         with np.load(io.BytesIO(blob), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -235,6 +235,10 @@ def check_stored_arrays(folder: str | Path) -> None:
         raise InputError(f"{folder}: no results here (expected results.sqlite; run `gleak run` first)")
     store = Store(folder, create=False)
     try:
+        if not store.has_arrays and store.named_image_ids():
+            raise InputError(f"{store.arrays_path}: absent, so the reconstructions cannot be scored again (a published "
+                             "folder keeps its arrays only where they are small); rerun the suite into a new folder "
+                             "to score them")  # fmt: skip
         for trial_id, blob, _ in store.reconstructions():
             unpack(blob, trial_id)
     finally:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from gleak.contracts.config import CaseConfig, TrialConfig
 from gleak.contracts.errors import InputError
 from gleak.orchestration.folder_lock import LOCK_NAME, check_unlocked, release_lock, take_lock
-from gleak.orchestration.store import DB_NAME, DONE, NOT_APPLICABLE, CommitThread, Store, check_store, read_meta
+from gleak.orchestration.store import ARRAYS_NAME, DB_NAME, DONE, NOT_APPLICABLE, CommitThread, Store, check_store, read_meta
 from gleak.orchestration.suite import Suite
 from gleak.orchestration.workers import Finished, TrialEnv, run_in_process, run_pool
 
@@ -400,7 +400,7 @@ def _open_folder(out: Path, suite: Suite, force: bool, stack: contextlib.ExitSta
     lock, manifest = _lock(out, force, stack)
     store = Store(out)
     stack.callback(store.close)
-    manifest.add([Path(out) / DB_NAME, Path(out) / LOCK_NAME])
+    manifest.add([Path(out) / DB_NAME, Path(out) / ARRAYS_NAME, Path(out) / LOCK_NAME])
     manifest.save()  # from here on the folder says it is gleak's
     lock.gleak_keep = True  # the manifest lists the lock file: it stays, so that later runs share one file
     store.clean_partial_files()  # left by a run that was killed while writing an image or a report

@@ -1,13 +1,19 @@
-"""The results store: one SQLite file in the output folder, one row per trial keyed by the trial's config hash.
+"""The results store: one SQLite file in the output folder, one row per trial keyed by the trial's config hash, and
+beside it a second file for the reconstructions' arrays (ARRAYS_NAME, attached to the same connection as `arrays`).
+
+The arrays are kept apart because they are most of a store's bytes (up to 16 images per trial): a published folder
+commits its results.sqlite (every number, small) and its reconstructions.sqlite only where that is small too. A
+reader without the arrays file still has every row; only `gleak rescore` and redrawing lost PNGs need the arrays.
+The two files are separate SQLite databases, so one transaction cannot span both atomically (write-ahead logging):
+a trial's arrays are committed first and its row after, so a kill in between leaves arrays without a row (never
+read, replaced when the trial reruns), never a row whose arrays are missing.
 
 Every finished trial is committed at once, so an interrupted run loses at most the trials in flight; a rerun skips
 trials whose row says 'ok' or 'not-applicable'. Rows are never deleted. A lock file keeps two runs from writing one folder at once.
 
-The file says it is gleak's: SQLite's application_id is APPLICATION_ID and its user_version the schema version.
-`check_store` reads a file before anything uses it: one that is not SQLite, damaged, someone else's (another
-application id, or tables that are not gleak's), empty, or written by a newer gleak is refused with one line and
-left untouched. Stores written before the id existed (gleak's tables, id 0) are recognised and stamped. Every SQL
-statement of gleak is in this module.
+Each file says it is gleak's: SQLite's application_id (APPLICATION_ID, ARRAYS_APPLICATION_ID) and its
+user_version the schema version; both are checked before use (gleak.orchestration.store_files). Every SQL
+statement of gleak is in this module and that one.
 
 Paths read from the store (the `image` column) are checked before use (`image_path`): a plain file name inside
 the folder's images/, never a path elsewhere.
@@ -19,28 +25,32 @@ import os
 import queue
 import re
 import sqlite3
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
-from urllib.parse import quote
 
 from gleak.contracts.config import TrialConfig
 from gleak.contracts.errors import InputError
-from gleak.orchestration.stored_values import check_rows, meta_value
+from gleak.orchestration.store_files import (  # noqa: F401 - ARRAYS_NAME, DB_NAME, read_meta: public here too
+    APPLICATION_ID,
+    ARRAYS_APPLICATION_ID,
+    ARRAYS_NAME,
+    ARRAYS_VERSION,
+    DB_NAME,
+    SCHEMA_VERSION,
+    check_arrays_file,
+    check_store,
+    create_file,
+    read_meta,
+)
+from gleak.orchestration.stored_values import meta_value
 
-DB_NAME = "results.sqlite"
 # The status of a trial whose plugin raised UnsupportedCase: stored, not retried, not a failure (exit status 0);
 # the leaderboard shows such a cell as "n/a".
 NOT_APPLICABLE = "not-applicable"  # not "n/a": pandas reads that as a missing value
 DONE = ("ok", NOT_APPLICABLE)  # statuses a rerun does not recompute
 STATUSES = (*DONE, "failed")  # every status a trial is stored with
-APPLICATION_ID = 0x474C4B31  # "GLK1" in SQLite's header: this file is a gleak results store
-# user_version; a newer one is refused (written by a newer gleak). 2: a reconstruction's arrays carry a digest that
-# binds them to their trial (`arrays_digest`). 3: registered PSNR and IIP columns. 4: feature-space MSE. An older store is brought up to
-# this version when a writer opens it (`Store._upgrade`).
-SCHEMA_VERSION = 4
 _IMAGE_NAME = re.compile(r"^[0-9A-Za-z_-]{1,64}\.png$")
 
 # Contract columns of results.csv first (DESIGN.md), then gleak's own.
@@ -65,8 +75,9 @@ CREATE TABLE IF NOT EXISTS trials (
 );
 CREATE TABLE IF NOT EXISTS membership (position INTEGER PRIMARY KEY, trial_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS reconstructions (trial_id TEXT PRIMARY KEY, arrays BLOB NOT NULL, digest TEXT);
 """
+_ARRAYS_TABLE = "reconstructions (trial_id TEXT PRIMARY KEY, arrays BLOB NOT NULL, digest TEXT)"
+_ARRAYS_SCHEMA = f"CREATE TABLE IF NOT EXISTS {_ARRAYS_TABLE};"
 _UTILITY_SCHEMA = """
 CREATE TABLE IF NOT EXISTS utility (
     utility_id TEXT PRIMARY KEY, defense TEXT, defense_params TEXT, dataset TEXT, model TEXT, config TEXT,
@@ -74,102 +85,12 @@ CREATE TABLE IF NOT EXISTS utility (
     finished_at REAL
 )
 """
-_GLEAK_TABLES = {"trials": {"trial_id", "config", "status"}, "membership": {"trial_id"}, "meta": {"key", "value"}}
-
-
 def arrays_digest(trial_id: str, arrays: bytes) -> str:
     """The digest stored beside a reconstruction's arrays: SHA-256 of the trial id and the bytes, so that arrays moved
     to another trial's row (or edited) are told apart from the trial's own when read (`Store.reconstructions`)."""
     import hashlib
 
     return hashlib.sha256(trial_id.encode() + b"\0" + arrays).hexdigest()
-
-
-def _read_only(path: Path) -> sqlite3.Connection:
-    """A connection that writes nothing: without a write-ahead log beside the file, `immutable` (SQLite creates no
-    -shm/-wal files then); with one (a writer was killed), read-only mode, which replays it in memory."""
-    wal = path.with_name(path.name + "-wal")
-    flags = "mode=ro" if wal.exists() and wal.stat().st_size > 0 else "mode=ro&immutable=1"
-    return sqlite3.connect(f"file:{quote(str(path.resolve()))}?{flags}", uri=True, timeout=10)
-
-
-def check_store(folder: str | Path) -> bool:
-    """Whether FOLDER/results.sqlite is a store this gleak can use (True) or absent (False); InputError, the file
-    untouched, when it is not SQLite, damaged, not gleak's, empty, or written by a newer gleak."""
-    path = Path(folder) / DB_NAME
-    if not path.exists():
-        return False
-    where = f"{path}:"
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(100)
-    except OSError as exc:
-        raise InputError(f"{where} cannot be read ({exc.strerror})") from None
-    if len(head) == 0:
-        raise InputError(f"{where} an empty file, not a gleak store; move it away or use another --out")
-    if not head.startswith(b"SQLite format 3\x00"):
-        raise InputError(f"{where} not an SQLite file (not a gleak store, or damaged); move it away or use another --out")
-    try:
-        con = _read_only(path)
-    except sqlite3.Error as exc:
-        raise InputError(f"{where} cannot be opened: {exc}") from None
-    try:
-        app, version = (con.execute(f"PRAGMA {p}").fetchone()[0] for p in ("application_id", "user_version"))
-        if app not in (0, APPLICATION_ID):
-            raise InputError(f"{where} an SQLite file of another application (id {app:#x}), not a gleak store; left untouched")
-        if app == APPLICATION_ID and version > SCHEMA_VERSION:
-            raise InputError(f"{where} written by a newer gleak (store version {version}, this gleak reads up to "
-                             f"{SCHEMA_VERSION}); upgrade gleak")  # fmt: skip
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if app == 0:  # a store from before the id, or not gleak's at all: its tables tell
-            if not tables:
-                raise InputError(f"{where} an empty SQLite file, not a gleak store; move it away or use another --out")
-            for t, cols in _GLEAK_TABLES.items():
-                have = {r[1] for r in con.execute(f'PRAGMA table_info("{t}")')} if t in tables else set()
-                if not cols <= have:
-                    raise InputError(f"{where} an SQLite file whose tables are not gleak's (no {t} table of gleak's); left untouched")
-        check = con.execute("PRAGMA quick_check").fetchone()[0]
-        if check != "ok":
-            raise InputError(f"{where} damaged ({check}); restore it from a copy or use another --out")
-        check_rows(con, where)  # every value a reader will use, before anything reads or rewrites it
-    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # damaged names in its schema do not decode
-        raise InputError(f"{where} damaged or not a gleak store ({type(exc).__name__}); left untouched") from None
-    finally:
-        con.close()
-    return True
-
-
-def read_meta(folder: str | Path, key: str) -> Any:
-    """A meta value of FOLDER's store, read without writing anything (None without a store or the key)."""
-    path = Path(folder) / DB_NAME
-    if not check_store(folder):
-        return None
-    con = _read_only(path)
-    try:
-        row = con.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else None
-    except (sqlite3.Error, ValueError):
-        return None
-    finally:
-        con.close()
-
-
-def _create_store_file(path: Path) -> None:
-    """Create an empty gleak store at `path` atomically (a temporary file renamed): a kill leaves either no store or
-    one that says it is gleak's, never an empty file that could be anyone's."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.gleak-tmp-")
-    os.close(fd)
-    try:
-        con = sqlite3.connect(tmp, isolation_level=None)
-        con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        con.executescript(_SCHEMA)
-        con.close()
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _json(d: Any) -> str:
@@ -203,8 +124,9 @@ def _recomputes(config: str, cfg: TrialConfig) -> bool:
 
 
 class Store:
-    """Results of one output folder. Opening checks the file (`check_store`: InputError, file untouched, when it is
-    not a gleak store) and creates it when absent (create=True)."""
+    """Results of one output folder. Opening checks the files (`check_store`: InputError, files untouched, when one
+    is not gleak's) and creates them when absent (create=True; the arrays file also when an older store's arrays
+    move into it)."""
 
     def __init__(self, folder: str | Path, create: bool = True):
         self.folder = Path(folder)
@@ -213,7 +135,7 @@ class Store:
             if not create:
                 raise InputError(f"{self.folder}: no results here (expected {DB_NAME}; run `gleak run` first)")
             self.folder.mkdir(parents=True, exist_ok=True)
-            _create_store_file(self.path)
+            create_file(self.path, APPLICATION_ID, SCHEMA_VERSION, _SCHEMA)
         # check_same_thread=False: a run hands its connection to a CommitThread (used by one thread at a time).
         self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
         # A committed trial survives power loss, not just SIGKILL. Write-ahead logging: one fsync per commit instead
@@ -224,27 +146,62 @@ class Store:
         if self.db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:  # a store from before the id
             self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         self.db.executescript(_SCHEMA)
-        if self.db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
-            self._upgrade()
+        self.arrays_path = self.folder / ARRAYS_NAME
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        legacy_arrays = "reconstructions" in self._tables("main")  # versions 1-4 kept the arrays in this file
+        self._attach_arrays(create or legacy_arrays)
+        if version < SCHEMA_VERSION:
+            self._upgrade(legacy_arrays)
 
-    def _upgrade(self) -> None:
-        """Bring a store of an earlier version to this one, in one transaction: version 1 kept arrays without a
-        digest, so each is stamped with its trial's now (trusted as stored then, as every row of that version was);
-        version 2 had no registered PSNR and IIP columns (added empty: `gleak rescore` fills them), version 3 no
-        feature-space MSE (added empty: it needs the attacked model, which the store does not keep; a rerun fills it)."""
+    def _tables(self, schema: str) -> set[str]:
+        return {r[0] for r in self.db.execute(f"SELECT name FROM {schema}.sqlite_master WHERE type = 'table'")}
+
+    def _attach_arrays(self, create: bool) -> None:
+        """Attach the arrays file as schema `arrays`: created when absent and `create`; absent otherwise (a published
+        folder that does not commit its arrays), an empty table in memory, so that every reader works and finds none."""
+        self.has_arrays = check_arrays_file(self.folder)
+        if not self.has_arrays and create:
+            create_file(self.arrays_path, ARRAYS_APPLICATION_ID, ARRAYS_VERSION, _ARRAYS_SCHEMA)
+            self.has_arrays = True
+        if self.has_arrays:
+            self.db.execute("ATTACH DATABASE ? AS arrays", (str(self.arrays_path),))
+            self.db.execute("PRAGMA arrays.journal_mode=WAL")
+            self.db.execute("PRAGMA arrays.synchronous=FULL")
+        else:
+            self.db.execute("ATTACH DATABASE ':memory:' AS arrays")
+            self.db.execute(f"CREATE TABLE arrays.{_ARRAYS_TABLE}")
+
+    def _upgrade(self, legacy_arrays: bool) -> None:
+        """Bring a store of an earlier version to this one: version 1 kept arrays without a digest, so each is stamped
+        with its trial's now (trusted as stored then, as every row of that version was); version 2 had no registered
+        PSNR and IIP columns (added empty: `gleak rescore` fills them), version 3 no feature-space MSE (added empty:
+        it needs the attacked model, which the store does not keep; a rerun fills it); versions 1-4 kept the arrays
+        in results.sqlite: they are copied into the arrays file (committed), then dropped from the store in the
+        transaction that raises its version, so a kill in between leaves a store that repeats the copy when next
+        opened, never one that lost arrays; the store file is then compacted."""
+        if legacy_arrays:
+            with self.db:
+                self.db.execute("BEGIN")
+                cols = {r[1] for r in self.db.execute("PRAGMA main.table_info(reconstructions)")}
+                digest = "digest" if "digest" in cols else "NULL"
+                self.db.execute("INSERT OR REPLACE INTO arrays.reconstructions (trial_id, arrays, digest) "
+                                f"SELECT trial_id, arrays, {digest} FROM main.reconstructions")  # fmt: skip
+            rows = self.db.execute("SELECT trial_id, arrays FROM arrays.reconstructions WHERE digest IS NULL").fetchall()
+            with self.db:
+                self.db.execute("BEGIN")
+                self.db.executemany("UPDATE arrays.reconstructions SET digest = ? WHERE trial_id = ?",
+                                    [(arrays_digest(t, a), t) for t, a in rows])  # fmt: skip
         with self.db:
             self.db.execute("BEGIN")
-            have = {r[1] for r in self.db.execute("PRAGMA table_info(trials)")}
+            have = {r[1] for r in self.db.execute("PRAGMA main.table_info(trials)")}
             for col, kind in METRIC_COLUMNS.items():
                 if col not in have:
-                    self.db.execute(f'ALTER TABLE trials ADD COLUMN "{col}" {kind}')
-            cols = {r[1] for r in self.db.execute("PRAGMA table_info(reconstructions)")}
-            if "digest" not in cols:
-                self.db.execute("ALTER TABLE reconstructions ADD COLUMN digest TEXT")
-            rows = self.db.execute("SELECT trial_id, arrays FROM reconstructions WHERE digest IS NULL").fetchall()
-            self.db.executemany("UPDATE reconstructions SET digest = ? WHERE trial_id = ?",
-                                [(arrays_digest(t, a), t) for t, a in rows])  # fmt: skip
-            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    self.db.execute(f'ALTER TABLE main.trials ADD COLUMN "{col}" {kind}')
+            if legacy_arrays:
+                self.db.execute("DROP TABLE main.reconstructions")
+            self.db.execute(f"PRAGMA main.user_version = {SCHEMA_VERSION}")
+        if legacy_arrays:
+            self.db.execute("VACUUM main")  # the arrays' pages back to the file system
 
     @staticmethod
     def exists(folder: str | Path) -> bool:
@@ -311,20 +268,23 @@ class Store:
         self.put_many([(cfg, row)])
 
     def put_many(self, finished: list[tuple[TrialConfig, dict[str, Any]]]) -> None:
-        """Write several finished trials in one transaction (one fsync): all of them or, if killed, none."""
+        """Write several finished trials: their arrays in one transaction, then their rows in one (two fsyncs in all):
+        every row or, if killed, none, and never a row before its arrays."""
         if not finished:
             return
         recs = [_record(cfg, row) for cfg, row in finished]
         cols = ", ".join(f'"{k}"' for k in recs[0])
         marks = ", ".join("?" for _ in recs[0])
+        arrays = [(cfg.trial_id, row["reconstruction"], arrays_digest(cfg.trial_id, row["reconstruction"]))
+                  for cfg, row in finished if row.get("reconstruction")]  # fmt: skip
+        if arrays:  # the reconstructions' arrays (gleak.orchestration.reconstructions) first: see the module's docstring
+            with self.db:
+                self.db.execute("BEGIN")
+                self.db.executemany("INSERT OR REPLACE INTO arrays.reconstructions (trial_id, arrays, digest) "
+                                    "VALUES (?, ?, ?)", arrays)  # fmt: skip
         with self.db:
             self.db.execute("BEGIN")
             self.db.executemany(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", [list(r.values()) for r in recs])
-            arrays = [(cfg.trial_id, row["reconstruction"], arrays_digest(cfg.trial_id, row["reconstruction"]))
-                      for cfg, row in finished if row.get("reconstruction")]  # fmt: skip
-            if arrays:  # the reconstruction's arrays (gleak.orchestration.reconstructions), in the same transaction as its row
-                self.db.executemany("INSERT OR REPLACE INTO reconstructions (trial_id, arrays, digest) VALUES (?, ?, ?)",
-                                    arrays)  # fmt: skip
 
     def update_scores(self, rows: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
         """`gleak rescore`: new metric values and extra of stored trials, (trial_id, {column: value}, extra), in one
@@ -345,39 +305,47 @@ class Store:
         stored before keep their old ids and would be recomputed. This maps them to the new ids; the results are
         untouched. A row whose new id is already taken keeps its old id (the newer row wins). Call under the lock.
         Returns the (old, new) pairs changed."""
-        changed, stale = [], []
+        changed, stale, updates = [], [], []
         rows = self.db.execute("SELECT trial_id, config, image FROM trials").fetchall()
         taken = {r[0] for r in rows}
+        for old, config, image in rows:
+            cfg = TrialConfig.from_json(config)
+            new = cfg.trial_id
+            if new == old or new in taken or _recomputes(config, cfg):
+                continue
+            new_image = image
+            src = self.image_path(image)
+            if image and src is None:
+                new_image = None  # not a name of gleak's images: forget it, touch nothing
+            elif image:  # a second link under the new name now, the old name goes after the commit: never lost
+                new_image = f"{new}.png"
+                dst = self.folder / "images" / new_image
+                if src.is_file() and not dst.exists() and self.image_path(new_image) is not None:
+                    os.link(src, dst)
+                    stale.append(src)
+            updates.append((new, cfg.to_json(), _json(cfg.case.to_dict()), new_image, old))
+            taken.add(new)
+            changed.append((old, new))
+        if not changed:
+            return changed
+        # The arrays are copied to their new ids first, the rows moved next, the old copies dropped last (three
+        # commits: the two files cannot share one), so that a kill at any point leaves each row's arrays under its id.
+        # They are re-bound to the new id only where they were the old id's: arrays that were not stay refused.
         with self.db:
             self.db.execute("BEGIN")
-            for old, config, image in rows:
-                cfg = TrialConfig.from_json(config)
-                new = cfg.trial_id
-                if new == old or new in taken or _recomputes(config, cfg):
-                    continue
-                new_image = image
-                src = self.image_path(image)
-                if image and src is None:
-                    new_image = None  # not a name of gleak's images: forget it, touch nothing
-                elif image:  # a second link under the new name now, the old name goes after the commit: never lost
-                    new_image = f"{new}.png"
-                    dst = self.folder / "images" / new_image
-                    if src.is_file() and not dst.exists() and self.image_path(new_image) is not None:
-                        os.link(src, dst)
-                        stale.append(src)
-                self.db.execute(
-                    'UPDATE trials SET trial_id = ?, config = ?, "case" = ?, image = ? WHERE trial_id = ?',
-                    (new, cfg.to_json(), _json(cfg.case.to_dict()), new_image, old),
-                )
-                self.db.execute("UPDATE membership SET trial_id = ? WHERE trial_id = ?", (new, old))
-                for arrays, digest in self.db.execute("SELECT arrays, digest FROM reconstructions WHERE trial_id = ?",
+            for old, new in changed:
+                for arrays, digest in self.db.execute("SELECT arrays, digest FROM arrays.reconstructions WHERE trial_id = ?",
                                                       (old,)).fetchall():  # fmt: skip
-                    # re-bound to the new id only where they were the old id's: arrays that were not stay refused
                     ok = digest == arrays_digest(old, arrays)
-                    self.db.execute("UPDATE reconstructions SET trial_id = ?, digest = ? WHERE trial_id = ?",
-                                    (new, arrays_digest(new, arrays) if ok else digest, old))  # fmt: skip
-                taken.add(new)
-                changed.append((old, new))
+                    self.db.execute("INSERT OR REPLACE INTO arrays.reconstructions (trial_id, arrays, digest) VALUES (?, ?, ?)",
+                                    (new, arrays, arrays_digest(new, arrays) if ok else digest))  # fmt: skip
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany('UPDATE trials SET trial_id = ?, config = ?, "case" = ?, image = ? WHERE trial_id = ?', updates)
+            self.db.executemany("UPDATE membership SET trial_id = ? WHERE trial_id = ?", [(new, old) for old, new in changed])
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM arrays.reconstructions WHERE trial_id = ?", [(old,) for old, _ in changed])
         for p in stale:
             p.unlink(missing_ok=True)
         return changed
@@ -470,7 +438,7 @@ class Store:
         `trial_ids` only, when given). Arrays whose digest is not their trial's (moved from another trial's row, or
         edited) are InputError, one line naming the trial; or, with on_mismatch, that line is handed to it and the
         row left out."""
-        q = ("SELECT t.trial_id, r.arrays, t.extra, r.digest FROM reconstructions r JOIN trials t "
+        q = ("SELECT t.trial_id, r.arrays, t.extra, r.digest FROM arrays.reconstructions r JOIN trials t "
              "ON t.trial_id = r.trial_id WHERE t.status = 'ok'")  # fmt: skip
         args: list[str] = []
         if self.db.execute("SELECT COUNT(*) FROM membership").fetchone()[0]:
@@ -481,7 +449,7 @@ class Store:
         out = []
         for trial_id, arrays, extra, digest in self.db.execute(q, args):
             if digest != arrays_digest(trial_id, arrays):
-                line = (f"{self.path}: table reconstructions, trial {trial_id[:40]!r}: its arrays do not match their "
+                line = (f"{self.arrays_path}: table reconstructions, trial {trial_id[:40]!r}: its arrays do not match their "
                         "digest (another trial's, or edited); rerun the trial or restore the store")  # fmt: skip
                 if on_mismatch is None:
                     raise InputError(line)

@@ -262,10 +262,12 @@ def run_utilities(
                     bar.update(start + cfg.training_rounds - bar.n)  # runs that end early or train themselves
                     _put(store, uid, cfg, label(d, proto), p, row)
         else:
-            import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            from gleak.orchestration.fork_server import process_context
+
+            # the trials' fork server (torch imported once), not a fresh interpreter per worker
+            with ProcessPoolExecutor(workers, mp_context=process_context()) as pool:
                 futs = {pool.submit(_work, _json(cfg.to_dict()), d, p, proto, device): (uid, d, p, proto) for uid, d, p, proto in todo}
                 for fut in as_completed(futs):
                     uid, d, p, proto = futs[fut]

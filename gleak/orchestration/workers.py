@@ -16,8 +16,6 @@ dies with its parent (Linux PR_SET_PDEATHSIG), so a killed run leaves no orphan 
 """
 from __future__ import annotations
 
-import contextlib
-import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -30,6 +28,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from gleak.contracts.config import TrialConfig
+from gleak.orchestration.fork_server import process_context, without_main_file
 
 ATTEMPTS = 2  # a trial whose worker dies is run once more, then stored as failed
 
@@ -277,50 +276,11 @@ def _worker_main(conn, env: TrialEnv) -> None:
             return
 
 
-def _context():
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        # scipy.optimize: every image trial pairs its reconstructions (gleak.mechanics.metrics imports it lazily)
-        ctx.set_forkserver_preload(["gleak.orchestration.trial", "scipy.optimize"])
-        _ensure_fork_server()
-        return ctx
-    return mp.get_context("spawn")
-
-
-@contextlib.contextmanager
-def _without_main_file():
-    """Hide `__main__`'s file while a fork server or a worker starts: multiprocessing hands a new process the path of
-    the caller's script and the process imports it, which would run a user's script or notebook export
-    (`python walkthrough.py` calling gleak.run) once more inside every worker. Workers need gleak only."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if path is not None:
-        del main.__file__
-    try:
-        yield
-    finally:
-        if path is not None:
-            main.__file__ = path
-
-
-def _ensure_fork_server() -> None:
-    from multiprocessing import forkserver
-
-    with _without_main_file():
-        forkserver.ensure_running()
-
-
-def prestart() -> None:
-    """Start the fork server now: it imports torch and gleak (seconds), which can overlap with what the caller does
-    before the pool starts (the CLI validates the suite meanwhile). Starts no worker and touches no file."""
-    _context()
-
-
 class _Worker:
     def __init__(self, ctx, env: TrialEnv):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, env), daemon=True, name="gleak-worker")
-        with _without_main_file():
+        with without_main_file():
             self.proc.start()
         child.close()
         self.task: TrialConfig | None = None
@@ -366,7 +326,7 @@ class _Pool:
 
     def __init__(self, todo: list[TrialConfig], env: TrialEnv, workers: int, timeouts: dict[str, float],
                  on_progress: OnProgress | None = None):  # fmt: skip
-        self.ctx, self.env, self.timeouts, self.on_progress = _context(), env, timeouts, on_progress
+        self.ctx, self.env, self.timeouts, self.on_progress = process_context(), env, timeouts, on_progress
         self.queue = deque(todo)
         self.attempts: dict[str, int] = {}
         self.workers = [_Worker(self.ctx, env) for _ in range(min(workers, len(todo)))]
@@ -487,10 +447,10 @@ def check_plugin_isolated(kind: str, name: str, plugin_file: str | None, timeout
     seconds) is one failed check, never a crash or a hang of check-plugin itself."""
     from gleak.orchestration.conformance import Check
 
-    ctx = _context()
+    ctx = process_context()
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_check_main, args=(child, kind, name, plugin_file, full), daemon=True, name="gleak-check")
-    with _without_main_file():
+    with without_main_file():
         proc.start()
     child.close()
     result: Any = None
