@@ -8,12 +8,13 @@ file beside it is checked the same way (`check_arrays_file`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import quote
 
 from gleak.contracts.errors import InputError
@@ -60,6 +61,20 @@ def _open_sqlite(path: Path) -> sqlite3.Connection:
         raise InputError(f"{where} cannot be opened: {exc}") from None
 
 
+@contextlib.contextmanager
+def _reading(path: Path, noun: str) -> Iterator[tuple[sqlite3.Connection, str]]:
+    """A read-only connection to the checked file and the start of its error lines; a file whose schema or pages
+    SQLite cannot read (damaged names do not even decode) is one line, left untouched."""
+    where = f"{path}:"
+    con = _open_sqlite(path)
+    try:
+        yield con, where
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where} damaged or not {noun} ({type(exc).__name__}); left untouched") from None
+    finally:
+        con.close()
+
+
 def _check_intact(con: sqlite3.Connection, where: str) -> None:
     check = con.execute("PRAGMA quick_check").fetchone()[0]
     if check != "ok":
@@ -85,9 +100,7 @@ def check_store(folder: str | Path) -> bool:
     path = Path(folder) / DB_NAME
     if not path.exists():
         return False
-    where = f"{path}:"
-    con = _open_sqlite(path)
-    try:
+    with _reading(path, "a gleak store") as (con, where):
         app = _identity(con, where, (0, APPLICATION_ID), SCHEMA_VERSION, "a gleak store")
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if app == 0:  # a store from before the id, or not gleak's at all: its tables tell
@@ -99,10 +112,6 @@ def check_store(folder: str | Path) -> bool:
                     raise InputError(f"{where} an SQLite file whose tables are not gleak's (no {t} table of gleak's); left untouched")
         _check_intact(con, where)
         check_rows(con, where)  # every value a reader will use, before anything reads or rewrites it
-    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # damaged names in its schema do not decode
-        raise InputError(f"{where} damaged or not a gleak store ({type(exc).__name__}); left untouched") from None
-    finally:
-        con.close()
     check_arrays_file(folder)
     return True
 
@@ -113,18 +122,12 @@ def check_arrays_file(folder: str | Path) -> bool:
     path = Path(folder) / ARRAYS_NAME
     if not path.exists():
         return False
-    where = f"{path}:"
-    con = _open_sqlite(path)
-    try:
+    with _reading(path, "gleak's reconstruction arrays") as (con, where):
         _identity(con, where, (ARRAYS_APPLICATION_ID,), ARRAYS_VERSION, "gleak's reconstruction arrays")
         have = {r[1] for r in con.execute("PRAGMA table_info(reconstructions)")}
         if not {"trial_id", "arrays", "digest"} <= have:
             raise InputError(f"{where} has no reconstructions table of gleak's; restore it from a copy or move it away")
         _check_intact(con, where)
-    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
-        raise InputError(f"{where} damaged or not gleak's ({type(exc).__name__}); left untouched") from None
-    finally:
-        con.close()
     return True
 
 
