@@ -27,9 +27,14 @@ from gleak.mechanics.atomic_files import refuse_link  # noqa: F401 - public here
 MANIFEST = "gleak-manifest.json"
 FORMAT = 1
 # Files at the folder's top level that gleak writes or may write (the store's side files included).
+# The store's side files, and its arrays file with its own (a reader opening an older store writes it, unlisted
+# until a run lists it): gleak's wherever the store is.
+STORE_SIDE = (
+    "results.sqlite-wal", "results.sqlite-shm", "results.sqlite-journal", "reconstructions.sqlite",
+    "reconstructions.sqlite-wal", "reconstructions.sqlite-shm", "reconstructions.sqlite-journal",
+)  # fmt: skip
 TOP_FILES = (
-    "results.sqlite", "results.sqlite-wal", "results.sqlite-shm", "results.sqlite-journal", "reconstructions.sqlite",
-    "reconstructions.sqlite-wal", "reconstructions.sqlite-shm", "reconstructions.sqlite-journal", ".lock", MANIFEST,
+    "results.sqlite", *STORE_SIDE, ".lock", MANIFEST,
     "results.csv", "utility.csv", "leaderboard.md", "leaderboard.html", "leaderboard.csv", "leaderboard_by_case.csv",
     "leaderboard.tex", "suite.json",
 )  # fmt: skip
@@ -219,10 +224,7 @@ def claim(folder: str | Path, force: bool = False, check_store=None) -> Manifest
         manifest = Manifest(folder, others=files)
     if has_store and not gleaks and "results.sqlite" not in manifest.files:
         raise InputError(f"{folder / 'results.sqlite'}: not written by gleak; move it away or use another --out")
-    # the store's side files, and its arrays file (which a reader opening an older store writes, unlisted until a run)
-    store_side = ("results.sqlite-wal", "results.sqlite-shm", "results.sqlite-journal", "reconstructions.sqlite",
-                  "reconstructions.sqlite-wal", "reconstructions.sqlite-shm", "reconstructions.sqlite-journal")  # fmt: skip
-    ours = set(manifest.files) | (set(store_side) if "results.sqlite" in manifest.files or gleaks else set())
+    ours = set(manifest.files) | (set(STORE_SIDE) if "results.sqlite" in manifest.files or gleaks else set())
     clash = [f for f in files if is_gleak_name(f) and f not in ours and not (ours_before and ("/" in f or f in LISTED_LATER))]
     if clash:
         more = f" and {len(clash) - 1} more" if len(clash) > 1 else ""
