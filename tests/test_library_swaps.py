@@ -1,4 +1,5 @@
-"""What kept libraries now do in place of hand-written code: the image grid (torchvision make_grid), the Markdown
+"""What kept libraries now do in place of hand-written code, and code of ours that must equal a library's: the image
+grid (torchvision make_grid's layout, laid out by gleak to spare every worker torchvision's import), the Markdown
 tables (tabulate) and the HTML page (jinja2) of the reports, the folder lock (filelock). Each keeps its contract."""
 import os
 import re
@@ -25,6 +26,25 @@ def test_image_grid_layout_padding_scale_and_a_short_row():
     assert (g[1:5, 1:5, 0] == g[1:5, 1:5, 2]).all()  # grey on all three channels
     assert g[1:5, 6:10, 0].tolist()[0] == [255, 255, 0, 0]  # the second image, 1 - a
     assert (g[6:10, 6:10] == 255).all()  # the short row's missing cell
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_image_grid_equals_torchvisions_make_grid_of_the_same_cells(seed):
+    """The grid is torchvision.utils.make_grid's layout byte for byte (published PNGs were drawn with it): random
+    sizes, grey or colour, rows of unequal length filled with white cells."""
+    from torchvision.utils import make_grid
+
+    g = torch.Generator().manual_seed(seed)
+    c, h, w = (1, 3)[seed % 2], 2 + seed, 3 + 2 * seed
+    rows = [torch.rand(int(torch.randint(1, 5, (1,), generator=g)), c, h, w, generator=g) * 1.4 - 0.2 for _ in range(3)]
+    scale, pad = 1 + seed % 3, seed % 3
+    n = max(len(r) for r in rows)
+    cells = []
+    for r in rows:
+        r = r.double().clamp(0, 1).expand(-1, 3, -1, -1)[:, :3].repeat_interleave(scale, -2).repeat_interleave(scale, -1)
+        cells += [*r, *torch.ones((n - len(r), *r.shape[1:]), dtype=r.dtype)]
+    want = (make_grid(cells, nrow=n, padding=pad, pad_value=1.0) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    assert np.array_equal(image_grid(rows, scale=scale, pad=pad), want)
 
 
 def test_markdown_table_keeps_the_cells_as_formatted():

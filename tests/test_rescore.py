@@ -302,3 +302,63 @@ def test_a_trial_row_is_never_stored_without_its_arrays(folder, tmp_path):
     store.put(cfg, row)  # the rerun: row and arrays, the arrays left behind replaced
     assert trial_id in store.finished_ids() and store.reconstructions([trial_id])[0][1] == blob
     store.close()
+
+
+def test_each_case_is_held_once_and_read_back_as_written(folder):
+    """Schema version 6: the case column and the config's case name an entry of the cases table (one per distinct
+    case, not one per row), and a reader gets back exactly the JSON a trial's config writes."""
+    import json
+
+    from gleak.contracts.config import TrialConfig
+    from gleak.orchestration.store import Store
+
+    con = connect(folder)
+    try:
+        keys = [r[0] for r in con.execute('SELECT "case" FROM trials')]
+        config_keys = {json.loads(r[0])["case"] for r in con.execute("SELECT config FROM trials")}
+        entries = {r[0] for r in con.execute("SELECT key FROM cases")}
+    finally:
+        con.close()
+    # batch sizes 1 and 2: two cases, each held once as the case column writes it and once as the config's
+    # identity writes it (which leaves out keys at their defaults)
+    assert len(keys) == 16 and len(set(keys)) == len(config_keys) == 2 and entries == set(keys) | config_keys
+    store = Store(folder, create=False)
+    try:
+        df, configs = store.frame(), store.configs()
+    finally:
+        store.close()
+    for _, r in df.iterrows():
+        cfg = TrialConfig.from_json(r["config"])
+        assert r["config"] == configs[r["trial_id"]] == cfg.to_json() and cfg.trial_id == r["trial_id"]
+        assert r["case"] == json.dumps(cfg.case.to_dict(), sort_keys=True, default=str)
+
+
+def test_a_version_5_store_with_inline_cases_is_compacted_and_reads_the_same(folder, tmp_path, gleak_cli):
+    """A store of version 5 (each row held its case's JSON twice) opened by this gleak: every row names its case by
+    key, the file does not grow, and results.csv is rebuilt byte for byte as before."""
+    from gleak.orchestration.store import SCHEMA_VERSION, Store
+
+    out = _copy(folder, tmp_path)
+    reference = Store(folder, create=False)
+    want, configs = reference.frame(), reference.configs()
+    reference.close()
+    csv = (folder / "results.csv").read_bytes()
+    _edit(out, *(('UPDATE trials SET "case" = ?, config = ? WHERE trial_id = ?', (case, configs[tid], tid))
+                 for tid, case in zip(want["trial_id"], want["case"])),
+          ("DROP TABLE cases", ()), ("PRAGMA user_version = 5", ()))  # fmt: skip
+    con = connect(out)
+    assert con.execute("SELECT COUNT(*) FROM trials WHERE config LIKE '%\"batch_size\"%'").fetchone()[0] == 16
+    con.close()
+    code, err = gleak_cli(["leaderboard", str(out)])
+    assert code == 0, err
+    assert (out / "results.csv").read_bytes() == csv
+    store = Store(out, create=False)
+    try:
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert store.db.execute("SELECT COUNT(DISTINCT \"case\") FROM trials").fetchone()[0] == 2
+        assert store.db.execute("SELECT COUNT(*) FROM trials WHERE config LIKE '%\"batch_size\"%' "
+                                "OR \"case\" LIKE '%\"batch_size\"%'").fetchone()[0] == 0  # every row by key now
+        assert store.configs() == configs
+        pd.testing.assert_frame_equal(store.frame().drop(columns="finished_at"), want.drop(columns="finished_at"))
+    finally:
+        store.close()

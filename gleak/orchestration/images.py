@@ -12,19 +12,21 @@ from gleak.mechanics.atomic_files import atomic_write_bytes
 
 def image_grid(rows: list[Tensor], scale: int = 4, pad: int = 2) -> np.ndarray:
     """Stack rows of (N, C, H, W) images in [0, 1] into one uint8 RGB array, upscaled by `scale` (nearest), `pad`
-    white pixels around and between them (torchvision.utils.make_grid; a shorter row is filled with white images,
-    since make_grid only lays out one flat list)."""
+    white pixels around and between them (the layout of torchvision.utils.make_grid, laid out here: importing
+    torchvision costs every worker over a second; a shorter row is filled with white images)."""
     import torch
-    from torchvision.utils import make_grid
 
     n = max(len(r) for r in rows)
-    cells = []
-    for r in rows:
+    first = rows[0]
+    h, w = first.shape[-2] * scale, first.shape[-1] * scale
+    grid = torch.ones((3, len(rows) * (h + pad) + pad, n * (w + pad) + pad), dtype=torch.float64)
+    for y, r in enumerate(rows):
         r = r.detach().double().clamp(0, 1).cpu()
         r = r.expand(-1, 3, -1, -1) if r.shape[1] == 1 else r[:, :3]
         r = r.repeat_interleave(scale, -2).repeat_interleave(scale, -1)
-        cells += [*r, *torch.ones((n - len(r), *r.shape[1:]), dtype=r.dtype)]
-    grid = make_grid(cells, nrow=n, padding=pad, pad_value=1.0)
+        for x, cell in enumerate(r):
+            top, left = y * (h + pad) + pad, x * (w + pad) + pad
+            grid[:, top : top + h, left : left + w] = cell
     return (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
 
 

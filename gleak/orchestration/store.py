@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from gleak.contracts.config import TrialConfig
+from gleak.orchestration import case_table
 from gleak.contracts.errors import InputError
 from gleak.orchestration.store_files import (  # noqa: F401 - ARRAYS_NAME, DB_NAME, read_meta: public here too
     APPLICATION_ID,
@@ -75,6 +76,7 @@ CREATE TABLE IF NOT EXISTS trials (
 );
 CREATE TABLE IF NOT EXISTS membership (position INTEGER PRIMARY KEY, trial_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+{case_table.TABLE_SQL}
 """
 _ARRAYS_TABLE = "reconstructions (trial_id TEXT PRIMARY KEY, arrays BLOB NOT NULL, digest TEXT)"
 _ARRAYS_SCHEMA = f"CREATE TABLE IF NOT EXISTS {_ARRAYS_TABLE};"
@@ -97,13 +99,15 @@ def _json(d: Any) -> str:
     return json.dumps(d, sort_keys=True, default=str)
 
 
-def _record(cfg: TrialConfig, row: dict[str, Any]) -> dict[str, Any]:
-    """The trials-table row of a finished trial."""
+def _record(cfg: TrialConfig, row: dict[str, Any], cases: dict[str, str]) -> dict[str, Any]:
+    """The trials-table row of a finished trial; the entries of the cases table it names are added to `cases`."""
+    case, config, entries = case_table.compact(_json(cfg.case.to_dict()), cfg.to_json())
+    cases.update(entries)
     rec = {
         "trial_id": cfg.trial_id, "suite": cfg.suite, "attack": cfg.attack, "attack_params": _json(cfg.attack_params),
         "defense": cfg.defense, "defense_params": _json(cfg.defense_params), "model": cfg.case.model,
         "dataset": cfg.case.dataset, "batch_size": cfg.case.batch_size, "seed": cfg.seed,
-        "case": _json(cfg.case.to_dict()), "config": cfg.to_json(), "status": row["status"],
+        "case": case, "config": config, "status": row["status"],
         "error": row.get("error"), "traceback": row.get("traceback"), "seconds": row.get("seconds"),
         "finished_at": time.time(),
     }  # fmt: skip
@@ -175,7 +179,8 @@ class Store:
         """Bring a store of an earlier version to this one: version 1 kept arrays without a digest, so each is stamped
         with its trial's now (trusted as stored then, as every row of that version was); version 2 had no registered
         PSNR and IIP columns (added empty: `gleak rescore` fills them), version 3 no feature-space MSE (added empty:
-        it needs the attacked model, which the store does not keep; a rerun fills it); versions 1-4 kept the arrays
+        it needs the attacked model, which the store does not keep; a rerun fills it); versions 1-5 held each row's
+        case inline twice (now once, in the cases table: gleak.orchestration.case_table); versions 1-4 kept the arrays
         in results.sqlite: they are copied into the arrays file (committed), then dropped from the store in the
         transaction that raises its version, so a kill in between leaves a store that repeats the copy when next
         opened, never one that lost arrays; the store file is then compacted."""
@@ -199,9 +204,22 @@ class Store:
                     self.db.execute(f'ALTER TABLE main.trials ADD COLUMN "{col}" {kind}')
             if legacy_arrays:
                 self.db.execute("DROP TABLE main.reconstructions")
+            self._hold_cases_once()
             self.db.execute(f"PRAGMA main.user_version = {SCHEMA_VERSION}")
-        if legacy_arrays:
-            self.db.execute("VACUUM main")  # the arrays' pages back to the file system
+        self.db.execute("VACUUM main")  # the arrays' and the repeated cases' pages back to the file system
+
+    def _hold_cases_once(self) -> None:
+        """Versions 1-5 held each row's case inline, twice: now a key into the cases table (inside the caller's
+        transaction; a row already holding a key, or one gleak did not write, is left as it is)."""
+        cases: dict[str, str] = {}
+        updates = []
+        for trial_id, case, config in self.db.execute('SELECT trial_id, "case", config FROM main.trials').fetchall():
+            done = case_table.compact_stored(case, config)
+            if done is not None:
+                cases.update(done[2])
+                updates.append((done[0], done[1], trial_id))
+        self._put_cases(cases)
+        self.db.executemany('UPDATE main.trials SET "case" = ?, config = ? WHERE trial_id = ?', updates)
 
     @staticmethod
     def exists(folder: str | Path) -> bool:
@@ -272,7 +290,8 @@ class Store:
         every row or, if killed, none, and never a row before its arrays."""
         if not finished:
             return
-        recs = [_record(cfg, row) for cfg, row in finished]
+        cases: dict[str, str] = {}
+        recs = [_record(cfg, row, cases) for cfg, row in finished]
         cols = ", ".join(f'"{k}"' for k in recs[0])
         marks = ", ".join("?" for _ in recs[0])
         arrays = [(cfg.trial_id, row["reconstruction"], arrays_digest(cfg.trial_id, row["reconstruction"]))
@@ -284,7 +303,12 @@ class Store:
                                     "VALUES (?, ?, ?)", arrays)  # fmt: skip
         with self.db:
             self.db.execute("BEGIN")
+            self._put_cases(cases)
             self.db.executemany(f"INSERT OR REPLACE INTO trials ({cols}) VALUES ({marks})", [list(r.values()) for r in recs])
+
+    def _put_cases(self, cases: dict[str, str]) -> None:
+        """Add entries to the cases table (inside the caller's transaction); an entry already there is kept."""
+        self.db.executemany('INSERT OR IGNORE INTO cases (key, "case") VALUES (?, ?)', list(cases.items()))
 
     def update_scores(self, rows: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
         """`gleak rescore`: new metric values and extra of stored trials, (trial_id, {column: value}, extra), in one
@@ -305,10 +329,12 @@ class Store:
         stored before keep their old ids and would be recomputed. This maps them to the new ids; the results are
         untouched. A row whose new id is already taken keeps its old id (the newer row wins). Call under the lock.
         Returns the (old, new) pairs changed."""
-        changed, stale, updates = [], [], []
+        changed, stale, updates, cases = [], [], [], {}
+        stored = self._cases()
         rows = self.db.execute("SELECT trial_id, config, image FROM trials").fetchall()
         taken = {r[0] for r in rows}
         for old, config, image in rows:
+            config = case_table.expand_config(config, stored)
             cfg = TrialConfig.from_json(config)
             new = cfg.trial_id
             if new == old or new in taken or _recomputes(config, cfg):
@@ -323,7 +349,9 @@ class Store:
                 if src.is_file() and not dst.exists() and self.image_path(new_image) is not None:
                     os.link(src, dst)
                     stale.append(src)
-            updates.append((new, cfg.to_json(), _json(cfg.case.to_dict()), new_image, old))
+            case, compact_config, entries = case_table.compact(_json(cfg.case.to_dict()), cfg.to_json())
+            cases.update(entries)
+            updates.append((new, compact_config, case, new_image, old))
             taken.add(new)
             changed.append((old, new))
         if not changed:
@@ -341,6 +369,7 @@ class Store:
                                     (new, arrays, arrays_digest(new, arrays) if ok else digest))  # fmt: skip
         with self.db:
             self.db.execute("BEGIN")
+            self._put_cases(cases)
             self.db.executemany('UPDATE trials SET trial_id = ?, config = ?, "case" = ?, image = ? WHERE trial_id = ?', updates)
             self.db.executemany("UPDATE membership SET trial_id = ? WHERE trial_id = ?", [(new, old) for old, new in changed])
         with self.db:
@@ -370,6 +399,10 @@ class Store:
         else:
             q = "SELECT * FROM trials ORDER BY finished_at"
         df = pd.read_sql_query(q, self.db)
+        cases = self._cases()
+        if cases and len(df):  # each row's case and config as they were written, the case's JSON put back
+            df["case"] = [case_table.expand_case(v, cases) for v in df["case"]]
+            df["config"] = [case_table.expand_config(v, cases) for v in df["config"]]
         odd = df[~df["status"].isin(STATUSES)]
         if len(odd):  # an edited store: a guess (failed? ok?) would move a cell in or out of the ranking unseen
             tid, status = odd.iloc[0][["trial_id", "status"]]
@@ -430,7 +463,13 @@ class Store:
 
     def configs(self) -> dict[str, str]:
         """trial_id -> its stored config (JSON text, gleak.contracts.config.TrialConfig.from_json)."""
-        return dict(self.db.execute("SELECT trial_id, config FROM trials WHERE config IS NOT NULL").fetchall())
+        cases = self._cases()
+        rows = self.db.execute("SELECT trial_id, config FROM trials WHERE config IS NOT NULL").fetchall()
+        return {t: case_table.expand_config(c, cases) for t, c in rows}
+
+    def _cases(self) -> dict[str, str]:
+        """The cases table: key -> the case's JSON text (gleak.orchestration.case_table)."""
+        return dict(self.db.execute('SELECT key, "case" FROM cases').fetchall())
 
     def reconstructions(self, trial_ids: Iterable[str] | None = None,
                         on_mismatch: Callable[[str], None] | None = None) -> list[tuple[str, bytes, str | None]]:  # fmt: skip

@@ -26,9 +26,9 @@ APPLICATION_ID = 0x474C4B31  # "GLK1" in SQLite's header: this file is a gleak r
 ARRAYS_APPLICATION_ID = 0x474C4B41  # "GLKA": this file holds a gleak store's reconstruction arrays
 # user_version; a newer one is refused (written by a newer gleak). 2: a reconstruction's arrays carry a digest that
 # binds them to their trial (`arrays_digest`). 3: registered PSNR and IIP columns. 4: feature-space MSE. 5: the
-# arrays in their own file (ARRAYS_NAME). An older store is brought up to this version when it is opened
-# (`Store._upgrade`).
-SCHEMA_VERSION = 5
+# arrays in their own file (ARRAYS_NAME). 6: each case held once (gleak.orchestration.case_table). An older store
+# is brought up to this version when it is opened (`Store._upgrade`).
+SCHEMA_VERSION = 6
 ARRAYS_VERSION = 1  # the arrays file's own user_version
 _GLEAK_TABLES = {"trials": {"trial_id", "config", "status"}, "membership": {"trial_id"}, "meta": {"key", "value"}}
 

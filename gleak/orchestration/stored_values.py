@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gleak.contracts.errors import InputError
+from gleak.orchestration.case_table import expand_case, expand_config
 
 # JSON columns of the trials table and the type each holds (None allowed where gleak stores NULL).
 JSON_COLUMNS = {"config": dict, "attack_params": dict, "defense_params": dict, "case": dict, "extra": dict}
@@ -42,15 +43,33 @@ def set_params_ok(value: Any) -> bool:
 
 def check_rows(con: sqlite3.Connection, where: str) -> None:
     """InputError (one line) at the first trial row or meta value gleak could not have written."""
+    cases = _cases(con, where)
     cols = {r[1] for r in con.execute('PRAGMA table_info("trials")')}
     wanted = [c for c in (*JSON_COLUMNS, *RANGES, "verdict", "status", "image") if c in cols]
     query = f'SELECT trial_id, {", ".join(f"{chr(34)}{c}{chr(34)}" for c in wanted)} FROM trials'
     for trial_id, *values in con.execute(query):
-        problem = row_problem(dict(zip(wanted, values)))
+        row = dict(zip(wanted, values))
+        if cases:  # judged as a reader gets them: the case's JSON put back where the row names it by key
+            row["case"] = expand_case(row.get("case"), cases)
+            row["config"] = expand_config(row.get("config"), cases)
+        problem = row_problem(row)
         if problem:
             raise InputError(f"{where} table trials, trial {str(trial_id)[:40]!r}: {problem}; restore the store from a copy")
     for key, text in con.execute("SELECT key, value FROM meta"):
         meta_value(key, text, where)
+
+
+def _cases(con: sqlite3.Connection, where: str) -> dict[str, str]:
+    """The cases table (schema version 6; empty before), each entry checked to be a JSON object."""
+    if not con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cases'").fetchone():
+        return {}
+    cases = {}
+    for key, text in con.execute('SELECT key, "case" FROM cases'):
+        if not isinstance(key, str) or not isinstance(text, str) or not isinstance(_json(text), dict):
+            raise InputError(f"{where} table cases, key {str(key)[:40]!r}: not the JSON object gleak writes there; "
+                             "restore the store from a copy")  # fmt: skip
+        cases[key] = text
+    return cases
 
 
 def row_problem(row: dict[str, Any]) -> str | None:
@@ -64,6 +83,8 @@ def row_problem(row: dict[str, Any]) -> str | None:
             return f"column {col} is not a JSON {kind.__name__}"
         if col == "config" and not all(k in value for k in CONFIG_KEYS):
             return "column config lacks " + ", ".join(k for k in CONFIG_KEYS if k not in value)
+        if col == "config" and not isinstance(value["case"], dict):
+            return "column config's case is not a JSON object (nor the key of one in table cases)"
     for col, (lo, hi) in RANGES.items():
         v = row.get(col)
         if v is None:
