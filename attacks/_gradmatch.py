@@ -202,6 +202,9 @@ def row_gradients(model: nn.Module, names: list[str], params: list[nn.Parameter]
 # entry, an interval [lo, hi] that the client's true gradient lies in, and the attack matches the candidate gradient
 # to that set instead of to the point t (the distance of g to its projection clamp(g, lo, hi) on the box).
 SPARSIFYING = ("topk", "dgp", "soteria")
+# MixUp and InstaHide with their `prune` option set: the mixed gradient pruned per parameter tensor, read as Top-k's
+# scope "layer" (the mixing itself is answered by the attack, e.g. inverting-gradients' unmixing).
+PRUNING_MIXERS = ("mixup", "instahide")
 QUANTIZING = ("quantization",)
 # Protocols whose single client update is what the defense produced (an aggregate of several has no such structure).
 SINGLE_UPDATE = ("fedsgd", "fedavg")
@@ -252,6 +255,7 @@ def wire_box(
     - outpost is not answered (plain matching): its pruned zeros are known, but the noise it adds to the sent
       entries is not modelled, and masking the zeros alone gained nothing (8 px MLP of 256 units, seeds 0-2, median
       PSNR: DLG 31.6 dB plain and masked, inverting-gradients 30.6 plain, 30.4 masked).
+    - mixup, instahide with `prune` > 0: as topk with scope "layer" (Huang et al.'s pruning is per tensor).
     - soteria: the whole-zero columns of the last linear layer's weight gradient are the pruned features, free; every
       other entry is sent as computed.
     - quantization: every entry lies in its rounding cell. int-b symmetric: step s = max|t| / (2^(b-1) - 1) per
@@ -260,7 +264,10 @@ def wire_box(
       place of t (a whole unit with stochastic bf16), from t's binary exponent (10 / 7 mantissa bits).
     """
     d = knowledge.defense
-    if d is None or d.protocol not in SINGLE_UPDATE or d.defense not in SPARSIFYING + QUANTIZING:
+    if d is None or d.protocol not in SINGLE_UPDATE:
+        return None
+    pruned_mix = d.defense in PRUNING_MIXERS and float(d.param("prune", 0.0) or 0.0) > 0
+    if d.defense not in SPARSIFYING + QUANTIZING and not pruned_mix:
         return None
     if d.defense in QUANTIZING:
         coarse = d.param("format", "int") == "int" and int(d.param("bits", 8)) < QUANT_MIN_BITS
@@ -273,9 +280,9 @@ def wire_box(
         weight = (f"{found[0]}.weight" if found[0] else "weight") if found is not None else None
         free = [(t == 0).all(0, keepdim=True).expand_as(t) if n == weight and t.dim() == 2 else torch.zeros_like(t, dtype=torch.bool)
                 for n, t in zip(names, target)]  # fmt: skip
-    if d.defense == "topk":
+    if d.defense == "topk" or pruned_mix:
         sent = [t[t != 0].abs() for t in target]
-        if d.param("scope", "global") == "global":
+        if d.defense == "topk" and d.param("scope", "global") == "global":
             nonempty = [s for s in sent if s.numel()]
             tau = [torch.cat(nonempty).min() if nonempty else None] * len(target)
         else:

@@ -18,6 +18,8 @@ from torch import Tensor
 
 from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.plugin import Defense
+from gleak.contracts.wire import Update
+from gleak.defenses.topk import keep_largest
 
 MAX_DRAWS = 100_000  # rejection sampling of one row's coefficients; a feasible [lower, upper] needs a handful
 
@@ -62,6 +64,13 @@ class Mixing(Defense):
     attack given the labels ("labels" in its needs) is handed the soft labels that entered the gradient, as Huang et
     al.'s attacker is (their strong setting gives the attack the mixed labels).
 
+    prune: the fraction of each parameter's gradient entries, smallest magnitude first, set to zero after the mixed
+    gradient is computed (0, the default: none). Huang et al. combine MixUp and InstaHide with gradient pruning
+    (their GradPruneDefense, --defense_gradprune --p; with pruning they mix k = 6 at p = 0.9): a threshold per
+    parameter tensor at the p-quantile of its magnitudes, entries below it zeroed. Here the round(p * n) smallest
+    of each tensor are zeroed (an exact count, as `topk` with scope = "layer"; the quantile keeps ties at the
+    threshold). Left out of trial ids at 0.
+
     Deviation, named: GradAttack mixes each encoding from the client's whole training set (re-drawn each epoch); a
     gleak client computes its gradient on its batch alone, so the pool is the batch: the batch needs at least k
     examples (a smaller one is a case this defense does not apply to, said in the row). Every encoding then mixes
@@ -72,7 +81,7 @@ class Mixing(Defense):
     conformance_params: ClassVar[dict[str, Any]] = {"num_classes": 3}  # its probes' labels are 0..2, with no runner
 
     def __init__(self, k: int = 4, lower: float = 0.0, upper: float = 0.65, alpha_first: float = 3.0,
-                 num_classes: int | None = None):  # fmt: skip
+                 num_classes: int | None = None, prune: float = 0.0):  # fmt: skip
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         if not 0 <= lower <= upper <= 1:
@@ -83,8 +92,21 @@ class Mixing(Defense):
             raise ValueError(f"alpha_first must be positive, got {alpha_first}")
         if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 2):
             raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+        if not 0.0 <= prune < 1.0:
+            raise ValueError(f"prune must be in [0, 1), got {prune}")
         self.k, self.lower, self.upper, self.alpha_first, self.num_classes = k, lower, upper, alpha_first, num_classes
+        self.prune = prune
         self._classes: int | None = None
+
+    @classmethod
+    def identity_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """The stored parameters: `prune` only where set (trials stored before it keep their ids)."""
+        return {k: v for k, v in params.items() if k != "prune" or v != 0.0}
+
+    def transform(self, update: Update, rng: torch.Generator) -> Update:
+        if self.prune == 0.0:
+            return update
+        return update.map(lambda _, a: keep_largest(a, self.prune))
 
     def bind_classes(self, num_classes: int) -> None:
         self._classes = int(num_classes)

@@ -23,7 +23,7 @@ class InstaHide(Mixing):
 
     Parameters (defaults: Huang et al.'s evaluation, their example scripts' --k 4 --c_1 0 --c_2 0.65)
     ----------
-    k, lower, upper, alpha_first, num_classes: as `mixup` (gleak.defenses.mixup.MixUp).
+    k, lower, upper, alpha_first, num_classes, prune: as `mixup` (gleak.defenses.mixup.MixUp).
 
     The mask is drawn per encoding and entry, on the normalised inputs, as GradAttack's instahide_batch does (after
     the data's normalisation, per pixel and channel). The InstaHide paper's cross-dataset variant (mixing in public

@@ -22,6 +22,8 @@ class MixUp(Mixing):
     lower, upper: every mixing coefficient lies in [lower, upper] (their c_1, c_2: 0 and 0.65), rows redrawn until so.
     alpha_first: the Dirichlet's first concentration, the others 1 (3, as GradAttack's code sets it).
     num_classes: the labels' classes; by default the runner's (Defense.bind_classes).
+    prune: the share of each parameter tensor's gradient entries pruned after mixing (0: none; Huang et al.'s
+        combination with gradient pruning uses 0.9 with k = 6): see gleak.defenses._mixing.Mixing.
 
     See gleak.defenses._mixing.Mixing for how its trials are scored (against the private images) and the one
     deviation (the pool is the client's batch, not its whole training set).

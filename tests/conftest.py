@@ -19,6 +19,17 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(4, usable_cores()))
 
 
+def pytest_collection_modifyitems(config, items):
+    """The test files longest first (tests/file_costs.json, measured: tests/_file_costs.py), each file's tests in
+    their own order: pytest-xdist hands files to workers in this order (pyproject's --no-loadscope-reorder; its
+    default order, by number of tests, started the few long science files last while the other worker idled)."""
+    import json
+
+    table = ROOT / "tests" / "file_costs.json"
+    costs = json.loads(table.read_text()) if table.is_file() else {}
+    items.sort(key=lambda item: -costs.get(item.nodeid.split("::")[0], 0.0))  # stable: a file's tests keep their order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _torch_one_thread():
     """Every test runs torch on one thread: the models are tiny, so one thread is faster than two and far faster
@@ -123,16 +134,31 @@ def utility_suite():
 @pytest.fixture(scope="session")
 def utility_run(tmp_path_factory):
     """UTILITY_SUITE run once by the CLI: (suite file, output folder, the run's stderr, env). Tests that change the
-    folder work on a copy."""
+    folder work on a copy. Run once for all pytest-xdist workers (the first to get here runs it under a lock, in the
+    folder their temporary folders share; each worker's session gets its own copy of the result)."""
+    import json
+    import shutil
     import subprocess
 
+    from filelock import FileLock
+
     env = _env()
+    base = tmp_path_factory.getbasetemp()  # under xdist, gw0's and gw1's folders sit in this session's folder
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "utility_run"
+    with FileLock(f"{shared}.lock"):
+        if not (shared / "stderr.json").is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir()
+            (shared / "rep.toml").write_text(UTILITY_SUITE)
+            r = subprocess.run([sys.executable, "-m", "gleak", "run", str(shared / "rep.toml"), "--out", str(shared / "out"),
+                                "--no-progress"], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            (shared / "stderr.json").write_text(json.dumps(r.stderr))
     d = tmp_path_factory.mktemp("utility_run")
-    (d / "rep.toml").write_text(UTILITY_SUITE)
-    r = subprocess.run([sys.executable, "-m", "gleak", "run", str(d / "rep.toml"), "--out", str(d / "out"), "--no-progress"],
-                       env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    return d / "rep.toml", d / "out", r.stderr, env
+    shutil.copy(shared / "rep.toml", d / "rep.toml")
+    shutil.copytree(shared / "out", d / "out")
+    (d / "out" / ".lock").unlink(missing_ok=True)
+    return d / "rep.toml", d / "out", json.loads((shared / "stderr.json").read_text()), env
 
 
 @pytest.fixture

@@ -57,6 +57,7 @@ def _wire(defense, params, seed=0):
     ("quantization", {"bits": 8}), ("quantization", {"bits": 8, "stochastic": True}),
     ("quantization", {"bits": 12, "per_channel": True}), ("quantization", {"format": "fp16"}),
     ("quantization", {"format": "bf16"}), ("quantization", {"format": "bf16", "stochastic": True}),
+    ("mixup", {"prune": 0.9, "num_classes": 3}), ("instahide", {"prune": 0.7, "num_classes": 3}),
 ])  # fmt: skip
 def test_the_wire_box_holds_the_true_gradient_and_pins_what_was_sent_exactly(defense, params):
     for seed in range(4):
@@ -65,8 +66,12 @@ def test_the_wire_box_holds_the_true_gradient_and_pins_what_was_sent_exactly(def
             assert bool(((lo <= t) & (t <= hi)).all()), (defense, params, seed)
             if defense != "quantization":  # a sent entry is the gradient itself
                 assert torch.equal(lo[s != 0], s[s != 0]) and torch.equal(hi[s != 0], s[s != 0])
-        if defense == "topk":  # a pruned entry is bounded by the smallest magnitude sent, over its scope
-            scope = [torch.cat([s.flatten() for s in sent])] * 2 if params.get("scope", "global") == "global" else sent
+        if defense != "quantization":  # each tensor pruned to its share (MixUp's and InstaHide's prune: per tensor)
+            share = params.get("ratio", params.get("prune"))
+            if params.get("scope") == "layer" or "prune" in params:
+                assert [int((s == 0).sum()) for s in sent] == [round(share * s.numel()) for s in sent]
+        if defense != "quantization" and defense != "dgp":  # a pruned entry: at most the smallest sent, over its scope
+            scope = [torch.cat([s.flatten() for s in sent])] * 2 if params.get("scope", "layer" if "prune" in params else "global") == "global" else sent
             for s, hi, pool in zip(sent, box.hi, scope):
                 assert torch.equal(hi[s == 0], pool[pool != 0].abs().min().expand(int((s == 0).sum())))
         widths = torch.cat([(hi - lo).flatten() for lo, hi in zip(box.lo, box.hi)])
@@ -77,6 +82,7 @@ def test_the_wire_box_holds_the_true_gradient_and_pins_what_was_sent_exactly(def
 def test_no_box_where_there_is_no_answer():
     assert _wire("noise", {"sigma": 0.1})[2] is None
     assert _wire("quantization", {"bits": 4})[2] is None  # coarse cells: plain matching does better
+    assert _wire("mixup", {"num_classes": 3})[2] is None  # mixing without pruning: nothing on the wire is pinned
     assert wire_box(Knowledge((1, 3, 4), 2), [torch.zeros(3)], ["w"], torch.nn.Linear(1, 1)) is None  # not told
     told = Knowledge((1, 3, 4), 2, defense=DefenseDescription("topk", {}, "secure-aggregation"))
     assert wire_box(told, [torch.zeros(3)], ["w"], torch.nn.Linear(1, 1)) is None  # an aggregate, not one client's

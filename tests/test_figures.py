@@ -165,3 +165,25 @@ def test_a_reconstruction_sits_under_its_own_image_and_a_missing_one_is_a_grey_c
             assert (below == above).all()
         else:
             assert (below == round(MISSING_GREY * 255)).all()
+
+
+def test_a_strength_line_varies_one_parameter_and_holds_every_other_fixed():
+    """A defense run at delta 0.01 and 0.1 (1 iteration) and at 4 iterations (delta 0.1), and MixUp at k = 4 and at
+    k = 6 with pruning: the delta line holds iterations at 1, the iterations line holds delta at 0.1, and MixUp has no
+    strength axis (k and prune change together), never a line through two settings of another parameter."""
+    import json
+
+    from gleak.reporting.aggregate import strength_series
+
+    def js(**p):
+        return json.dumps(p, sort_keys=True)
+
+    configs = [("cgd", js(delta=0.01, iterations=1, mode="a")), ("cgd", js(delta=0.1, iterations=1, mode="a")),
+               ("cgd", js(delta=0.1, iterations=4, mode="a")), ("cgd", js(delta=0.01, iterations=1, mode="b")),
+               ("cgd", js(delta=0.1, iterations=1, mode="b")),
+               ("mixup", js(k=4)), ("mixup", js(k=6, prune=0.9))]  # fmt: skip
+    agg = pd.DataFrame([{"defense": d, "defense_params": p} for d, p in configs])
+    got = {(name, key): {label: sorted(xs.values()) for label, xs in lines}
+           for name, key, lines in strength_series(agg, {"cgd": {"delta", "iterations", "mode"}, "mixup": {"k", "prune"}})}
+    assert got == {("cgd", "delta"): {"mode=a": [0.01, 0.1], "mode=b": [0.01, 0.1]},
+                   ("cgd", "iterations"): {"": [1.0, 4.0]}}  # fmt: skip

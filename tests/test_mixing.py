@@ -178,3 +178,27 @@ def test_the_defense_aware_inverting_gradients_unmixes_mixup_and_only_mixup():
         assert ("unmix_condition" in res.extra) == unmixed, defense
         if unmixed:
             assert res.extra["wire_reading"] == "mixup-unmixed"
+
+
+@pytest.mark.parametrize("defense", [MixUp, InstaHide])
+def test_huang_et_als_pruning_zeroes_each_tensors_smallest_share_and_stays_out_of_ids_when_off(defense):
+    """`prune` (Huang et al.'s MixUp/InstaHide with gradient pruning): each parameter tensor keeps its largest
+    1 - p share of entries, the rest exactly zero; at 0 the update is untouched and the parameter is not stored, so
+    trials stored before it keep their ids."""
+    from gleak.contracts.registry import check_params
+    from gleak.contracts.wire import Update
+
+    name = defense.registered_name
+    assert check_params("defense", name, {"prune": 0.0}) == check_params("defense", name, {})
+    assert "prune" not in check_params("defense", name, {}) and check_params("defense", name, {"prune": 0.9})["prune"] == 0.9
+    with pytest.raises(ValueError, match="prune"):
+        defense(prune=1.0)
+    g = torch.Generator().manual_seed(0)
+    update = Update({"w": torch.randn(20, 10, generator=g), "b": torch.randn(20, generator=g)})
+    assert defense().transform(update, g) is update
+    sent = defense(prune=0.9).transform(update, g)
+    for key, t in update.tensors.items():
+        s = sent[key]
+        kept = s != 0
+        assert int(kept.sum()) == t.numel() - round(0.9 * t.numel()) and torch.equal(s[kept], t[kept])
+        assert bool(t[kept].abs().min() >= t[~kept].abs().max())  # the largest kept, per tensor

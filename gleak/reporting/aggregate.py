@@ -375,34 +375,34 @@ def _case_text(r: Any) -> str:
 
 
 def strength_series(agg: pd.DataFrame, vd: dict[str, set[str]]) -> list[tuple[str, str, list[tuple[str, dict]]]]:
-    """For each defense, the groups of its configurations that differ in one numeric parameter: (defense, parameter,
-    [(group label, {params_json: x})]). Groups split by the non-numeric parameters that vary (distribution, mode)."""
+    """For each defense and numeric parameter, its sweeps: sets of configurations that differ in that parameter and
+    in nothing else (defense, parameter, [(line label, {params_json: x})]). A line is named by the other parameters'
+    values that differ between the lines (distribution, mode, or a second numeric parameter held fixed along it), so
+    that no line mixes two settings of another parameter (CGD's delta at 1 and at 4 iterations; MixUp's k = 4 beside
+    k = 6 with pruning, which is no sweep of k)."""
     out = []
     for name, g in agg.groupby("defense", sort=False):
         configs = list(dict.fromkeys(g["defense_params"]))
         if len(configs) < 2:
             continue
         dicts = {js: json.loads(js) for js in configs}
-        varying = sorted(vd.get(name, set()))
+        varying = sorted(k for k in vd.get(name, set()) if len({json.dumps(d.get(k)) for d in dicts.values()}) > 1)
 
         def is_num(v: Any) -> bool:
             return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-        categorical = [k for k in varying if any(d.get(k) is not None and not is_num(d.get(k)) for d in dicts.values())]
-        groups: dict[tuple, list[str]] = {}
-        for js, d in dicts.items():
-            groups.setdefault(tuple(d.get(k) for k in categorical), []).append(js)
-        by_key: dict[str, list[tuple[tuple, dict]]] = {}
-        for values, members in groups.items():
-            numeric = [k for k in varying if k not in categorical
-                       and len({json.dumps(dicts[m].get(k)) for m in members}) > 1
-                       and all(is_num(dicts[m].get(k)) for m in members)]  # fmt: skip
-            if len(members) < 2 or not numeric:
-                continue
-            key = numeric[0]
-            by_key.setdefault(key, []).append((values, {m: float(dicts[m][key]) for m in members}))
-        for key, series in by_key.items():  # name a line by the categorical values that differ between the lines
-            shown = [j for j, k in enumerate(categorical) if len({v[j] for v, _ in series}) > 1]
-            out.append((name, key, [(", ".join(f"{categorical[j]}={v[j]}" for j in shown), xs) for v, xs in series]))
+        by_key: dict[str, list[tuple[dict, dict]]] = {}
+        for key in varying:
+            lines: dict[tuple, list[str]] = {}
+            for js, d in dicts.items():  # the configurations that agree on every other varying parameter
+                lines.setdefault(tuple(json.dumps(d.get(k)) for k in varying if k != key), []).append(js)
+            for members in lines.values():
+                if len(members) < 2 or not all(is_num(dicts[m].get(key)) for m in members):
+                    continue
+                fixed = {k: dicts[members[0]].get(k) for k in varying if k != key}
+                by_key.setdefault(key, []).append((fixed, {m: float(dicts[m][key]) for m in members}))
+        for key, series in by_key.items():  # name a line by the values that differ between the lines
+            shown = [k for k in varying if k != key and len({json.dumps(f.get(k)) for f, _ in series}) > 1]
+            out.append((name, key, [(", ".join(f"{k}={f.get(k)}" for k in shown), xs) for f, xs in series]))
     return out
 
