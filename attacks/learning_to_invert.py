@@ -23,10 +23,10 @@ from torch import Tensor, nn
 
 from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.plugin import Attack, Defense, check_choice
-from gleak.contracts.registry import create, register_attack
-from gleak.contracts.wire import ClientBatch, DefenseDescription, Knowledge, Observation, Reconstruction, Update, denormalize
+from gleak.contracts.registry import register_attack
+from gleak.contracts.wire import ClientBatch, DefenseDescription, Knowledge, Observation, Reconstruction, Update
 from gleak.mechanics import disk_cache
-from gleak.mechanics.accountant import PrivacyAccountant
+from gleak.mechanics.client_update import client_defense as bound_client_defense
 from gleak.mechanics.client_update import fedavg_update, fedsgd_update, transmit
 from gleak.mechanics.progress import report as report_progress
 
@@ -109,12 +109,8 @@ def client_defense(described: DefenseDescription | None, knowledge: Knowledge) -
     classes, an accountant of its own); None for no description."""
     if described is None:
         return None
-    defense: Defense = create("defense", described.defense, **described.defense_params)
-    defense.reset()
-    defense.bind_accountant(PrivacyAccountant())
-    defense.bind_data(knowledge.mean, knowledge.std)
-    defense.bind_classes(knowledge.num_classes)
-    return defense
+    return bound_client_defense(described.defense, described.defense_params, knowledge.mean, knowledge.std,
+                                knowledge.num_classes)  # fmt: skip
 
 
 def sent_update(model: nn.Module, batch: ClientBatch, defense: Defense | None, update: Update, gen: torch.Generator) -> Update:

@@ -109,3 +109,17 @@ def shift_each(models: list[nn.Module], displacement: dict[str, torch.Tensor]) -
         if id(m) not in moved:
             moved[id(m)] = shifted(m, displacement)
     return [moved[id(m)] for m in models]
+
+
+def client_defense(name: str, params: dict, mean, std, num_classes: int) -> Defense:
+    """A fresh client's defense `name`, bound as every client's is before its first round: no state, a privacy
+    accountant of its own (stepped by its noisy steps), its data's normalisation and number of classes."""
+    from gleak.contracts.registry import create
+    from gleak.mechanics.accountant import PrivacyAccountant
+
+    d: Defense = create("defense", name, **params)
+    d.reset()
+    d.bind_accountant(PrivacyAccountant())
+    d.bind_data(mean, std)
+    d.bind_classes(num_classes)
+    return d

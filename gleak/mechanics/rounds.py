@@ -14,8 +14,7 @@ from torch import nn
 
 from gleak.contracts.plugin import Defense
 from gleak.contracts.wire import ClientBatch, Update
-from gleak.mechanics.accountant import PrivacyAccountant
-from gleak.mechanics.client_update import transmit
+from gleak.mechanics.client_update import client_defense, transmit
 from gleak.mechanics.defense_output import unmodified
 
 # The loop is handed a gleak.mechanics.protocol.Protocol and only calls its methods: typed Any here, since the
@@ -102,7 +101,6 @@ def federated_training(
 ) -> dict[str, Any]:  # fmt: skip
     """Train under `protocol` with `defense` (name, params) on every client's update for cfg.training_rounds rounds through
     run_rounds; {"accuracy", "curve"}. The loop of a utility run (gleak.orchestration.utility), described there."""
-    from gleak.contracts.registry import create
     from gleak.contracts.seeds import derive_seed, generator
     from gleak.mechanics import device as devices
     from gleak.mechanics.data import client_shards
@@ -111,12 +109,8 @@ def federated_training(
     dtype = torch.float32
     model = create_model(cfg.model, train.input_shape, train.num_classes, seed=derive_seed(cfg.seed, "utility-model"),
                          dtype=dtype, **cfg.model_params)  # fmt: skip
-    defenses: list[Defense] = [create("defense", defense[0], **defense[1]) for _ in range(cfg.clients)]
-    for d in defenses:
-        d.reset()
-        d.bind_accountant(PrivacyAccountant())  # this client's own, stepped by its noisy steps
-        d.bind_data(train.mean, train.std)
-        d.bind_classes(train.num_classes)
+    defenses: list[Defense] = [client_defense(defense[0], defense[1], train.mean, train.std, train.num_classes)
+                               for _ in range(cfg.clients)]  # fmt: skip
     model = devices.to_device(defenses[0].wrap_model(model, generator(cfg.seed, "utility-defense-model")))  # PRECODE's
     # The data travels to the run's device once (gleak.mechanics.device.use; loaded on the CPU); the clients' index draws stay
     # on the CPU, which indexes either device's tensors.

@@ -99,10 +99,17 @@ def _json(d: Any) -> str:
     return json.dumps(d, sort_keys=True, default=str)
 
 
-def _record(cfg: TrialConfig, row: dict[str, Any], cases: dict[str, str]) -> dict[str, Any]:
-    """The trials-table row of a finished trial; the entries of the cases table it names are added to `cases`."""
+def _stored_case_and_config(cfg: TrialConfig, cases: dict[str, str]) -> tuple[str, str]:
+    """The trial's case and config as a row stores them (the case by key); the cases-table entries they name are
+    added to `cases` (gleak.orchestration.case_table)."""
     case, config, entries = case_table.compact(_json(cfg.case.to_dict()), cfg.to_json())
     cases.update(entries)
+    return case, config
+
+
+def _record(cfg: TrialConfig, row: dict[str, Any], cases: dict[str, str]) -> dict[str, Any]:
+    """The trials-table row of a finished trial; the entries of the cases table it names are added to `cases`."""
+    case, config = _stored_case_and_config(cfg, cases)
     rec = {
         "trial_id": cfg.trial_id, "suite": cfg.suite, "attack": cfg.attack, "attack_params": _json(cfg.attack_params),
         "defense": cfg.defense, "defense_params": _json(cfg.defense_params), "model": cfg.case.model,
@@ -349,8 +356,7 @@ class Store:
                 if src.is_file() and not dst.exists() and self.image_path(new_image) is not None:
                     os.link(src, dst)
                     stale.append(src)
-            case, compact_config, entries = case_table.compact(_json(cfg.case.to_dict()), cfg.to_json())
-            cases.update(entries)
+            case, compact_config = _stored_case_and_config(cfg, cases)
             updates.append((new, compact_config, case, new_image, old))
             taken.add(new)
             changed.append((old, new))

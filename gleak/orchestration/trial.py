@@ -28,8 +28,7 @@ from gleak.contracts.seeds import derive_seed, generator
 from gleak.contracts.tags import get_tags
 from gleak.contracts.wire import ClientBatch, Observation, Update, replace
 from gleak.mechanics import device as devices
-from gleak.mechanics.accountant import PrivacyAccountant
-from gleak.mechanics.client_update import fedavg_update, fedsgd_update
+from gleak.mechanics.client_update import client_defense, fedavg_update, fedsgd_update
 from gleak.mechanics.data import ImageDataset, sample_indices
 from gleak.mechanics.defense_output import extra_json
 from gleak.mechanics.gate import (  # noqa: F401 - observer_model: public here
@@ -137,12 +136,9 @@ def execute(cfg: TrialConfig, lpips_weights: str | None = None, device: str = "c
     attack: Attack = create("attack", cfg.attack, **cfg.attack_params)
     setup = trial_setup(cfg.case, cfg.defense, cfg.defense_params)
     protocol: Protocol = create("protocol", setup.protocol, **setup.protocol_params)
-    defenses: list[Defense] = [create("defense", setup.defense, **setup.defense_params) for _ in batches]
-    for d in defenses:
-        d.reset()
-        d.bind_accountant(PrivacyAccountant())  # this client's own, stepped by its noisy steps
-        d.bind_data(ds.mean, ds.std)  # the clients' normalisation (the victims' split is normalised alike)
-        d.bind_classes(ds.num_classes)
+    # the clients' normalisation: the victims' split is normalised alike
+    defenses: list[Defense] = [client_defense(setup.defense, setup.defense_params, ds.mean, ds.std, ds.num_classes)
+                               for _ in batches]  # fmt: skip
     grant(attack, protocol, cfg.attack, setup.protocol, cfg.threat_model)
     public = load_case_data(cfg, "train" if held_out else "test") if "public_data" in get_tags(attack).needs else None
     knowledge = attacker_knowledge(attack, ds, victim, public, setup)
