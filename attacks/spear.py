@@ -79,7 +79,7 @@ class Spear(Attack):
     @classmethod
     def estimated_cost(cls, params, case) -> float:
         # Batched small SVDs; the draws needed grow as about 2^b (a few seconds at b = 16 on a CPU).
-        b = int(case.get("batch_size", 1)) * int(case.get("clients", 1))
+        b = int(getattr(case, "batch_size", 1) or 1) * int(getattr(case, "clients", 1) or 1)
         return 2.0 + 2.0 ** min(b, 24) / 2e4
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:

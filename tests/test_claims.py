@@ -61,6 +61,7 @@ def test_a_bad_claim_key_is_one_line_naming_it(tmp_path, line, key):
 @pytest.mark.parametrize("old, new, key", [
     ('defense = "dgp"', 'defense = "dgpp"', "defense"), ('["closed-form"]', '["closed-frm"]', "attacks"),
     ('["closed-form"]', '[]', "attacks"), ('source = "seed 001"\n', "", "source"),
+    ('defense = "dgp"', 'defense = "fedavgg+none"', "defense"), ('defense = "dgp"', 'defense = "fedavg+nonee"', "defense"),
 ])  # fmt: skip
 def test_unknown_plugins_and_missing_keys_are_named(tmp_path, old, new, key):
     with pytest.raises(InputError, match=rf"\[claim #1\] key '{key}'"):
@@ -71,6 +72,12 @@ def test_claims_parse_with_resolved_names(tmp_path):
     s = _suite(tmp_path, HEAD + CLAIM + CLAIM.replace('defense = "dgp"', 'defense = "noise"\ndefense_params = { mode = "dp" }'))
     assert [c["defense"] for c in s.claims] == ["dgp", "noise"] and s.claims[1]["defense_params"] == {"mode": "dp"}
     assert len(s.trials) == 6  # claims add no trials
+
+
+def test_a_claim_about_a_protocol_names_it_as_the_leaderboard_does(tmp_path):
+    # FedAvg's local training protects (or not) as PROTOCOL+DEFENSE, the name protocol_pairs gives its trials
+    s = _suite(tmp_path, HEAD + CLAIM.replace('defense = "dgp"', 'defense = "fedavg+none"'))
+    assert s.claims[0]["defense"] == "fedavg+none"
 
 
 def _row(attack, aware, psnr, verdict, dp='{"k1": 0.05}', recovered=None, defense="dgp", batch=1, trials=5):

@@ -187,3 +187,60 @@ def test_a_strength_line_varies_one_parameter_and_holds_every_other_fixed():
            for name, key, lines in strength_series(agg, {"cgd": {"delta", "iterations", "mode"}, "mixup": {"k", "prune"}})}
     assert got == {("cgd", "delta"): {"mode=a": [0.01, 0.1], "mode=b": [0.01, 0.1]},
                    ("cgd", "iterations"): {"": [1.0, 4.0]}}  # fmt: skip
+
+
+def _setting_rows():
+    """Two attacks at batch 1, 4 and 16 on an untrained and a trained model, 4 seeds each; a defended copy (noise)
+    and a secure sum of 2 and 4 clients. The attack 'a' recovers the untrained model's batches up to 4 (seeds 0-1
+    also at 16), the trained model's only at batch 1."""
+    import json
+
+    rows = []
+
+    def case(**kw):
+        base = {"batch_size": 1, "clients": 1, "dataset": "skimage", "model": "mlp", "model_state": "untrained",
+                "protocol": "fedsgd", "protocol_params": {}}  # fmt: skip
+        return json.dumps({**base, **kw}, sort_keys=True)
+
+    for attack, state, b, seed in itertools.product("ab", ("untrained", "trained"), (1, 4, 16), range(4)):
+        rec = attack == "a" and (b == 1 or (state == "untrained" and (b == 4 or seed < 2)))
+        rows.append({"attack": attack, "attack_params": "{}", "defense": "none", "defense_params": "{}",
+                     "status": "ok", "psnr": 80.0 if rec else 12.0, "verdict": "recovered" if rec else "defended",
+                     "case": case(batch_size=b, model_state=state)})  # fmt: skip
+        rows.append({**rows[-1], "defense": "noise", "defense_params": '{"sigma": 0.1}', "psnr": 10.0,
+                     "verdict": "defended"})  # fmt: skip
+    for clients, seed in itertools.product((2, 4), range(4)):
+        rows.append({"attack": "a", "attack_params": "{}", "defense": "secure-aggregation", "defense_params": "{}",
+                     "status": "ok", "psnr": 70.0 if clients == 2 else 11.0,
+                     "verdict": "recovered" if clients == 2 else "defended",
+                     "case": case(batch_size=4, clients=clients, protocol="secure-aggregation")})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_what_leaks_against_a_setting_holds_every_other_setting_fixed_and_leaves_defenses_out(tmp_path):
+    from gleak.reporting.setting_figure import setting_figure, setting_series
+
+    series = dict(setting_series(_setting_rows(), {}, {}))
+    assert set(series) == {"batch_size", "clients"}
+    lines = series["batch_size"]
+    # one line per attack and model state; the noise-defended copies drawn nowhere
+    assert sorted(set(lines["label"])) == ["a, model_state=trained", "a, model_state=untrained",
+                                           "b, model_state=trained", "b, model_state=untrained"]  # fmt: skip
+    share = {(r.label, r.x): r.recovered for r in lines.itertuples()}
+    assert share[("a, model_state=untrained", 4.0)] == 1.0 and share[("a, model_state=untrained", 16.0)] == 0.5
+    assert share[("a, model_state=trained", 1.0)] == 1.0 and share[("a, model_state=trained", 4.0)] == 0.0
+    assert all(v == 0.0 for (label, _), v in share.items() if label.startswith("b"))
+    assert lines["n"].eq(4).all()
+    assert (lines["psnr"] > 11).all()  # no defended trial's 10 dB in a median
+    clients = series["clients"]
+    assert list(clients["recovered"]) == [1.0, 0.0] and list(clients["x"]) == [2.0, 4.0]
+    assert setting_figure(lines, "batch_size", tmp_path / "s.png", "What leaks").stat().st_size > 0
+
+
+def test_two_cases_that_differ_past_the_file_name_cut_keep_two_figures():
+    from gleak.reporting.report import _slug
+
+    head = "fashion-mnist_mlp_8_model_params={'hidden': [64]}, protocol_params={'local_batch_size': 8, "
+    a, b = _slug(head + "'local_steps': 2}"), _slug(head + "'local_steps': 5}")
+    assert a != b and len(a) == len(b) == 80
+    assert _slug("skimage_mlp_16") == "skimage_mlp_16"  # a short one as it was

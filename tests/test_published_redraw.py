@@ -44,7 +44,8 @@ def test_a_published_folder_redraws_byte_identical(folder, tmp_path):
         shutil.copy2(ROOT / "results" / folder / rel, copy / rel)
     write_folder_reports(copy)
     drawn = [rel for rel in files if rel.startswith("figures/") or rel in REPORTS]
-    assert any(rel.startswith("figures/") for rel in drawn), drawn
+    # every folder draws figures but one whose suite has no grid to draw from (learned: no images, no sweep)
+    assert any(rel.startswith("figures/") for rel in drawn) or not (copy / "figures").is_dir(), drawn
     differ = [rel for rel in drawn if not (copy / rel).is_file()
               or not filecmp.cmp(ROOT / "results" / folder / rel, copy / rel, shallow=False)]  # fmt: skip
     assert differ == [], f"{folder}: {differ} differ from the committed files (regenerate the folder)"

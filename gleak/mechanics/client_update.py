@@ -39,18 +39,30 @@ def check_local_steps(local_steps: int | None, local_lr: float, local_batch_size
         raise ValueError(f"local_batch_size must be >= 1, got {local_batch_size}")
 
 
+def local_batches(n: int, bs: int, local_steps: int) -> list[tuple[int, int, int]]:
+    """(epoch, lo, hi) of each local step: step s takes samples lo:hi of epoch (s * bs) // n's order, lo =
+    (s * bs) % n (a batch that reaches the end is cut short there, not wrapped)."""
+    return [((s * bs) // n, (s * bs) % n, min((s * bs) % n + bs, n)) for s in range(local_steps)]
+
+
 def fedavg_update(
     model: nn.Module, batch: ClientBatch, lr: float, local_steps: int, local_batch_size: int | None = None,
-    defense: Defense | None = None, rng: torch.Generator | None = None,
+    defense: Defense | None = None, rng: torch.Generator | None = None, shuffle: bool = False,
 ) -> Update:  # fmt: skip
-    """`local_steps` of plain SGD on the batch (in order, mini-batches of local_batch_size); send w_before - w_after.
-    Each step's gradient comes from the defense's `client_gradient` (plain by default)."""
+    """`local_steps` of plain SGD on the batch (mini-batches of local_batch_size, `local_batches`); send w_before -
+    w_after. In order, or with `shuffle` in a fresh random order each epoch (torch.randperm from `rng`, drawn when
+    the epoch starts). Each step's gradient comes from the defense's `client_gradient` (plain by default)."""
     local = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in trainable(local)}
     bs = local_batch_size or batch.size
-    for step in range(local_steps):
-        lo = (step * bs) % batch.size
-        xb, yb = batch.x[lo : lo + bs], batch.y[lo : lo + bs]
+    if shuffle and rng is None:
+        raise ValueError("a shuffling FedAvg client needs its generator")
+    x, y, epoch = batch.x, batch.y, -1
+    for e, lo, hi in local_batches(batch.size, bs, local_steps):
+        if shuffle and e != epoch:
+            order = torch.randperm(batch.size, generator=rng)
+            x, y, epoch = batch.x[order], batch.y[order], e
+        xb, yb = x[lo:hi], y[lo:hi]
         grads = _gradient(local, xb, yb, defense, rng)
         with torch.no_grad():
             for n, p in trainable(local):

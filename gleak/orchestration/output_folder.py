@@ -44,7 +44,7 @@ REPORT_FILES = ("results.csv", "utility.csv", "leaderboard.md", "leaderboard.htm
 LISTED_LATER = ("suite.json",)
 # Files below: images/<trial id>.png, figures/<one of gleak's prefixes>*.png.
 _IMAGE = re.compile(r"^[0-9a-f]{8,64}\.png$")
-FIGURE_PREFIXES = ("reconstructions_", "strength_", "frontier", "utility_curves")
+FIGURE_PREFIXES = ("reconstructions_", "strength_", "frontier", "utility_curves", "setting_")
 # files.atomic_write_bytes: tempfile.mkstemp(prefix=".NAME.gleak-tmp-") -> the prefix and 8 of [a-z0-9_].
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.gleak-tmp-[a-z0-9_]{8}$")
 MIN_FREE_BYTES = 16 << 20  # a run needs room for its store and reports; less is a full disk

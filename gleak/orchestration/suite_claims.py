@@ -47,7 +47,7 @@ def parse_claims(raw: Any, where: Where) -> list[dict[str, Any]]:
         if quantifier not in QUANTIFIERS[c["expect"]]:
             raise where.error(t, "quantifier", f"with expect = {c['expect']!r} must be one of "
                                                f"{', '.join(map(repr, QUANTIFIERS[c['expect']]))}, got {quantifier!r}")  # fmt: skip
-        defense, params = _plugin_and_params(c, "defense", "defense", "defense_params", t, where)
+        defense, params = _claim_defense(c, t, where)
         attacks = c["attacks"]
         if not isinstance(attacks, list) or not attacks or not all(isinstance(a, str) for a in attacks):
             raise where.error(t, "attacks", f"must be a non-empty list of attack names, got {attacks!r}")
@@ -74,6 +74,22 @@ def parse_claims(raw: Any, where: Where) -> list[dict[str, Any]]:
                     "case": case, "expect": c["expect"], **comparison,
                     **({"quantifier": quantifier} if quantifier != QUANTIFIERS[c["expect"]][0] else {})})  # fmt: skip
     return out
+
+
+def _claim_defense(c: dict[str, Any], t: str, where: Where) -> tuple[str, dict]:
+    """The claim's defense as the leaderboard names it: a defense, or 'PROTOCOL+DEFENSE' where the trials' case
+    names a protocol (FedAvg's local training, gleak.reporting.aggregate.protocol_pairs); defense_params are the
+    defense's, the protocol's parameters go in the claim's case (protocol_params)."""
+    protocol, plus, rest = c["defense"].partition("+")
+    if not plus:
+        return _plugin_and_params(c, "defense", "defense", "defense_params", t, where)
+    try:
+        protocol = registry.resolve_name("protocol", protocol)
+        registry.plugin_info("protocol", protocol)
+    except UnknownPluginError as exc:
+        raise where.error(t, "defense", str(exc)) from None
+    name, params = _plugin_and_params({**c, "defense": rest}, "defense", "defense", "defense_params", t, where)
+    return f"{protocol}+{name}", params
 
 
 def _plugin_and_params(c: dict[str, Any], kind: str, key: str, params_key: str, t: str, where: Where) -> tuple[str, dict]:

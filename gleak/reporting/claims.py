@@ -87,10 +87,12 @@ def undefended_twin(r: Any, agg: pd.DataFrame) -> Any:
     """The same attack (same parameters, `defense_aware` aside) against no defense at the same case: the like to
     compare a defended cell with. The exact parameters where they were run, else the plain twin's."""
     same_case = agg[(agg["defense"] == "none") & (agg["attack"] == r["attack"])]
-    for k in (*CASE_COLUMNS, "variant"):
+    # The same case; a protocol named in [case] is the defense, so it and its parameters may differ (the variant
+    # label names non-default protocol parameters, so it is compared only where the case itself is not stored).
+    for k in (*CASE_COLUMNS, *(() if "case" in agg.columns else ("variant",))):
         if k in agg.columns:
             same_case = same_case[same_case[k] == r[k]]
-    if "case" in agg.columns:  # the same case; a protocol named in [case] is the defense, so it may differ
+    if "case" in agg.columns:
         same_case = same_case[same_case["case"].map(_case_key) == _case_key(r.get("case"))]
     exact = same_case[same_case["attack_params"] == r["attack_params"]]
     if len(exact):

@@ -194,8 +194,9 @@ def _stored_images(cells, image_dir: Path, from_store=None) -> dict:
     return images
 
 
-def _wrapped_grid(rows: list[str], col: str, images: dict, cell_w: float, img_h: float):
-    """One attack: a wrapped grid of defenses, each panel titled with its configuration and PSNR."""
+def _wrapped_grid(rows: list[str], col: str, images: dict, cell_w: float, img_h: float, extra_top: float = 0.0):
+    """One attack: a wrapped grid of defenses, each panel titled with its configuration and PSNR; `extra_top`
+    inches more above the panels for a title of more than two lines."""
     from matplotlib.figure import Figure
 
     n = len(rows)
@@ -203,9 +204,9 @@ def _wrapped_grid(rows: list[str], col: str, images: dict, cell_w: float, img_h:
     nrows = math.ceil(n / ncols)
     titles = [_wrap(r, 26) for r in rows]
     title_h = 0.16 * max(t.count("\n") + 2 for t in titles)
-    fig = Figure(figsize=(0.3 + ncols * (cell_w + 0.25), 0.9 + nrows * (img_h + title_h + 0.15)), dpi=100)
+    fig = Figure(figsize=(0.3 + ncols * (cell_w + 0.25), 0.9 + extra_top + nrows * (img_h + title_h + 0.15)), dpi=100)
     fig.subplots_adjust(left=0.15 / fig.get_figwidth(), right=1 - 0.15 / fig.get_figwidth(),
-                        top=1 - (0.75 + title_h) / fig.get_figheight(), bottom=0.1 / fig.get_figheight(),
+                        top=1 - (0.75 + extra_top + title_h) / fig.get_figheight(), bottom=0.1 / fig.get_figheight(),
                         hspace=(title_h + 0.15) / img_h, wspace=0.25 / cell_w)  # fmt: skip
     axes = fig.subplots(nrows, ncols, squeeze=False).flatten()
     for ax, r, t in zip(axes, rows, titles):
@@ -217,7 +218,7 @@ def _wrapped_grid(rows: list[str], col: str, images: dict, cell_w: float, img_h:
     return fig
 
 
-def _table_grid(rows: list[str], cols: list[str], images: dict, cell_w: float, img_h: float):
+def _table_grid(rows: list[str], cols: list[str], images: dict, cell_w: float, img_h: float, extra_top: float = 0.0):
     """Rows: defenses, columns: attacks; the column heads wrapped to the cell's width (about 12 bold characters per
     inch at 9 pt; at hyphens, or inside a word longer than that), the row labels on the left."""
     import textwrap
@@ -229,9 +230,9 @@ def _table_grid(rows: list[str], cols: list[str], images: dict, cell_w: float, i
     head_h = 0.15 * (max(h.count("\n") for h in heads.values()))
     label_w = 0.3 + 0.075 * max(len(line) for r in rows for line in wrap[r].splitlines())
     cell_h = img_h + 0.3
-    fig = Figure(figsize=(label_w + cell_w * len(cols) + 0.2, 0.9 + head_h + cell_h * len(rows)), dpi=100)
+    fig = Figure(figsize=(label_w + cell_w * len(cols) + 0.2, 0.9 + extra_top + head_h + cell_h * len(rows)), dpi=100)
     fig.subplots_adjust(left=label_w / fig.get_figwidth(), right=1 - 0.2 / fig.get_figwidth(),
-                        top=1 - (0.8 + head_h) / fig.get_figheight(), bottom=0.1 / fig.get_figheight(),
+                        top=1 - (0.8 + extra_top + head_h) / fig.get_figheight(), bottom=0.1 / fig.get_figheight(),
                         hspace=0.36 / cell_h, wspace=0.08)  # fmt: skip
     axes = fig.subplots(len(rows), len(cols), squeeze=False)
     for i, r in enumerate(rows):
@@ -262,13 +263,20 @@ def reconstruction_grid(cells, image_dir: Path, path: Path, title: str, from_sto
     img_h = cell_w * h / w
     head = "each panel: true batch above, reconstruction below (grey: none returned for that image)"
     if len(cols) == 1:
-        fig = _wrapped_grid(rows, cols[0], images, cell_w, img_h)
         head = f"attack: {cols[0]}; {head}"
-    else:
-        fig = _table_grid(rows, cols, images, cell_w, img_h)
-    # The title may be wider than the panels: the saved figure grows to hold it (save_figure), never clips it.
-    fig.suptitle(_wrap(title, max(72, int(fig.get_figwidth() * 13))) + "\n" + head, fontsize=9,
-                 y=1 - 0.08 / fig.get_figheight(), va="top")  # fmt: skip
+
+    def draw(extra_top: float):
+        if len(cols) == 1:
+            return _wrapped_grid(rows, cols[0], images, cell_w, img_h, extra_top)
+        return _table_grid(rows, cols, images, cell_w, img_h, extra_top)
+
+    fig = draw(0.0)
+    # The title may be wider than the panels: the saved figure grows to hold it (save_figure), never clips it. One
+    # wrapped over several lines (a long case variant) gets room above the panels, which keep their size.
+    text = _wrap(title, max(72, int(fig.get_figwidth() * 13))) + "\n" + head
+    if text.count("\n") > 1:
+        fig = draw(0.16 * (text.count("\n") - 1))
+    fig.suptitle(text, fontsize=9, y=1 - 0.08 / fig.get_figheight(), va="top")
     return save_figure(fig, path)
 
 

@@ -118,9 +118,15 @@ def _load_committed(folder: Path) -> dict[str, Any]:
 
 
 def _slug(text: str) -> str:
+    """A file-name part for `text`: at most 80 characters; a longer one is cut and ends in 8 hex digits of the
+    whole text's digest, so that two cases differing only past the cut (FedAvg's local steps) keep two files."""
+    import hashlib
     import re
 
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
+    if len(slug) <= 80:
+        return slug
+    return f"{slug[:71]}_{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
 
@@ -239,6 +245,18 @@ def _frontier_figures(dr: pd.DataFrame, utility: pd.DataFrame | None, fig_dir: P
                 "Test accuracy against round for each utility run (is the baseline converged?).")
 
 
+def _setting_figures(df: pd.DataFrame, fig_dir: Path, vd: dict, va: dict, add: Any) -> None:
+    """The share of trials recovered and the median PSNR against each case setting that a suite varies (batch size,
+    clients, FedAvg's local steps), one line per attack with everything else fixed."""
+    from gleak.reporting.setting_figure import setting_figure, setting_series
+
+    for axis, lines in setting_series(df, vd, va):
+        shown = axis.removeprefix("protocol_params.")
+        add(setting_figure(lines, axis, fig_dir / f"setting_{_slug(axis)}.png", f"What leaks against {shown}"),
+            f"The share of trials recovered (verdict recovered) and the median PSNR against {data(shown)}, one line "
+            "per attack and fixed other settings (named where the lines differ in them).")
+
+
 def _remove_stale_figures(folder: Path, fig_dir: Path, written: set[str]) -> None:
     """Our figures of configurations no longer in the suite would mislead; others are left alone."""
     from gleak.orchestration.output_folder import remove_owned
@@ -277,6 +295,7 @@ def write_figures(folder: str | Path, data: dict[str, Any] | None = None) -> lis
         _grid_figures(df, folder, fig_dir, vd, va, add, data.get("imaged", set()))
         _strength_figures(agg, utility, fig_dir, vd, va, add, worst_rouge_per_config(df))
         _frontier_figures(dr, utility, fig_dir, vd, add)
+        _setting_figures(df, fig_dir, vd, va, add)
     _remove_stale_figures(folder, fig_dir, written)
     return out
 
