@@ -67,15 +67,26 @@ def setting_series(df: pd.DataFrame, vd: dict, va: dict) -> list[tuple[str, pd.D
                 groups.append((w, r, idx))
         if not groups or len(groups) > MAX_LINES:
             continue
-        # a line is named by its attack and the other settings that differ between the lines
-        shown = [k for k in others if len({cases.loc[idx[0], k] for _, _, idx in groups}) > 1]
-        if "model" in shown and "model_params" in shown:  # the model's name says enough
-            shown.remove("model_params")
-        rows = []
+        # A line is named by its attack and the settings that differ between that attack's lines (the model's
+        # state, a secure sum's clients), and by its protocol where that is not FedSGD.
+        lines_of: dict[str, list] = {}
+        for w, _, idx in groups:
+            lines_of.setdefault(w.split("|", 1)[0], []).append(idx)
+        rows, used = [], set()
         for w, _, idx in groups:
             attack = w.split("|", 1)[0]
-            extra = [f"{k.removeprefix('protocol_params.')}={json.loads(cases.loc[idx[0], k])}" for k in shown]
+            shown = [k for k in others if len({cases.loc[i[0], k] for i in lines_of[attack]}) > 1]
+            if "model" in shown and "model_params" in shown:  # the model's name says enough
+                shown.remove("model_params")
+            values = {k: json.loads(cases.loc[idx[0], k]) for k in shown}
+            extra = [f"{k.removeprefix('protocol_params.')}={v}" for k, v in values.items() if v is not None]
+            protocol = json.loads(cases.loc[idx[0], "protocol"]) if "protocol" in cases else None
+            if protocol not in (None, "fedsgd") and "protocol" not in shown:
+                extra.append(str(protocol))
             label = ", ".join([attack] + extra)
+            while label in used:  # two lines told apart only by unset settings: still two lines
+                label += " (another)"
+            used.add(label)
             g = ok.loc[idx].assign(x=xs[idx])
             for x, at in g.groupby("x", sort=True):
                 rows.append({"label": label, "attack": attack, "x": float(x), "n": len(at),
