@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from gleak.attacks._relu_rows import input_layer
+from gleak.attacks.inverting_gradients import total_variation  # the authors' TV: mean |difference|, across and down
 from gleak.contracts.errors import UnsupportedCase
 from gleak.contracts.plugin import Attack, check_choice
 from gleak.contracts.registry import register_attack
@@ -135,7 +136,7 @@ class CocktailParty(Attack):
                 cos = (wn @ wn.T).abs()
                 loss = loss + self.decor * (torch.exp(cos * self.temperature) - 1).mean()
             if self.tv > 0 and len(shape) == 3:
-                loss = loss + self.tv * _tv(images)
+                loss = loss + self.tv * total_variation(images)
             loss.backward()
             opt.step()
             report_progress(it + 1, self.iterations, loss)
@@ -155,11 +156,6 @@ def _whiten(dw: Tensor, n: int) -> tuple[Tensor | None, Tensor, Tensor]:
     lam = sv[:n].pow(2) / max(1, dw.shape[1] - 1)
     whiten = u[:, :n].T / lam.sqrt().clamp_min(1e-300).unsqueeze(1)
     return whiten, whiten @ centred, whiten @ mu
-
-
-def _tv(x: Tensor) -> Tensor:
-    """Mean absolute difference of neighbouring pixels, across and down (the authors' total variation)."""
-    return (x[..., :, 1:] - x[..., :, :-1]).abs().mean() + (x[..., 1:, :] - x[..., :-1, :]).abs().mean()
 
 
 def _max_cos(unmix: Tensor) -> float:
