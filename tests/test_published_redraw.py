@@ -44,7 +44,7 @@ def test_a_published_folder_redraws_byte_identical(folder, tmp_path):
         shutil.copy2(ROOT / "results" / folder / rel, copy / rel)
     write_folder_reports(copy)
     drawn = [rel for rel in files if rel.startswith("figures/") or rel in REPORTS]
-    # every folder draws figures but one whose suite has no grid to draw from (learned: no images, no sweep)
+    # every folder draws figures, unless its suite has nothing to draw them from (no images kept, no swept strength)
     assert any(rel.startswith("figures/") for rel in drawn) or not (copy / "figures").is_dir(), drawn
     differ = [rel for rel in drawn if not (copy / rel).is_file()
               or not filecmp.cmp(ROOT / "results" / folder / rel, copy / rel, shallow=False)]  # fmt: skip
