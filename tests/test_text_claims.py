@@ -9,6 +9,7 @@ from gleak.contracts.errors import InputError
 from gleak.orchestration.suite import load_suite
 from gleak.reporting.claims import claim_blocks
 from gleak.reporting.documents.text import text_blocks
+from gleak.reporting.comparison_claims import judge_beats
 from gleak.reporting.text_claims import judge_text
 
 
@@ -35,16 +36,16 @@ def _pairs(lamp_r2, tag_r2):
 
 
 def test_a_beats_claim_holds_only_at_the_claimed_factor_on_the_same_victims():
-    held = judge_text(BEATS, _pairs([0.5, 0.6, 0.5], [0.1, 0.1, 0.1]))  # 5.33x
+    held = judge_beats(BEATS, _pairs([0.5, 0.6, 0.5], [0.1, 0.1, 0.1]))  # 5.33x
     assert held["verdict"] == "holds" and "5.33x" in held["why"] and "3 of 3" in held["why"], held
-    fell = judge_text(BEATS, _pairs([0.3, 0.3, 0.3], [0.1, 0.1, 0.1]))  # 3x: better, but not the claimed 5x
+    fell = judge_beats(BEATS, _pairs([0.3, 0.3, 0.3], [0.1, 0.1, 0.1]))  # 3x: better, but not the claimed 5x
     assert fell["verdict"] == "falls" and "3.00x" in fell["why"], fell
-    reverse = judge_text(BEATS, _pairs([0.1, 0.1, 0.1], [0.5, 0.5, 0.5]))
+    reverse = judge_beats(BEATS, _pairs([0.1, 0.1, 0.1], [0.5, 0.5, 0.5]))
     assert reverse["verdict"] == "falls" and "0.20x" in reverse["why"], reverse
     # Victims only one attack saw are not compared: a TAG row of another seed changes nothing.
     extra = pd.concat([_pairs([0.5, 0.6, 0.5], [0.1, 0.1, 0.1]), pd.DataFrame([_trial("tag", 9, 0.9, 0.9, 0.9, "recovered")])])
-    assert judge_text(BEATS, extra)["why"] == held["why"]
-    assert judge_text({**BEATS, "case": {"batch_size": 4}}, _pairs([0.5], [0.1]))["verdict"] == "not run"
+    assert judge_beats(BEATS, extra)["why"] == held["why"]
+    assert judge_beats({**BEATS, "case": {"batch_size": 4}}, _pairs([0.5], [0.1]))["verdict"] == "not run"
 
 
 def test_a_text_claim_that_a_defense_stops_an_attack_never_holds_with_a_recovered_victim():
@@ -125,8 +126,9 @@ expect = "beats"
 
 
 @pytest.mark.parametrize("old, new, key", [
-    ('than = "tag"\n', "", "than"), ('than = "tag"', 'than = "tagg"', "than"), ('metric = "rouge2"', 'metric = "psnr"', "metric"),
+    ('than = "tag"\n', "", "than"), ('than = "tag"', 'than = "tagg"', "than"), ('metric = "rouge2"', 'metric = "mse"', "metric"),
     ("factor = 5", "factor = -1", "factor"), ("factor = 5", 'factor = "5"', "factor"),
+    ("factor = 5", "factor = 5\nmargin = 3", "margin"), ("factor = 5", "margin = -1", "margin"), ("factor = 5", "margin = true", "margin"),
     ('expect = "beats"', 'expect = "leaks"', "than"), ('than = "tag"', 'than = "tag"\nthan_params = { nope = 1 }', "than_params.nope"),
 ])  # fmt: skip
 def test_a_bad_comparison_claim_is_one_line_naming_its_key(tmp_path, old, new, key):

@@ -10,12 +10,12 @@ from gleak.contracts.errors import UnknownPluginError, Where
 from gleak.contracts.errors import did_you_mean as _close
 
 CLAIM_KEYS = {"source", "claim", "setting", "defense", "defense_params", "attacks", "attack_params", "case", "expect",
-              "quantifier", "than", "than_params", "metric", "factor"}
-COMPARISON_KEYS = ("than", "than_params", "metric", "factor")  # an attack-against-attack claim's keys (expect = "beats")
+              "quantifier", "than", "than_params", "metric", "factor", "margin"}
+COMPARISON_KEYS = ("than", "than_params", "metric", "factor", "margin")  # an attack-against-attack claim's keys (expect = "beats")
 # A claim's quantifier (gleak.reporting.claims): "no input" (expect defended: no deciding victim is recovered),
 # "some input" (expect leaks: a deciding attack leaks), "most inputs" (expect leaks: more than half of the deciding
 # samples are recovered exactly), "on average" (expect beats: the claim's attack's mean `metric` over the setting's
-# trials is at least `factor` times the `than` attack's over the same victims).
+# trials is at least `factor` times the `than` attack's over the same victims, or `margin` above it).
 QUANTIFIERS = {"defended": ("no input",), "leaks": ("some input", "most inputs"), "beats": ("on average",)}
 EXPECT = tuple(QUANTIFIERS)  # a claim's `expect`: what its attacks' verdict must be (gleak.reporting.claims judges it)
 
@@ -108,11 +108,19 @@ def _plugin_and_params(c: dict[str, Any], kind: str, key: str, params_key: str, 
     return name, params
 
 
-def _comparison(c: dict[str, Any], t: str, where: Where) -> dict[str, Any]:
-    """An attack-against-attack claim's keys (expect = "beats"): the attack it beats (`than`, resolved, with
-    `than_params`), the text metric compared and the factor claimed (default 1: better on average)."""
+def comparable_metrics() -> tuple[str, ...]:
+    """The scores a claim may compare attacks on, each higher where it leaks more: the text scores and the image
+    metrics declared leaks_higher (PSNR, SSIM, ...)."""
+    from gleak.mechanics.metrics import METRICS
     from gleak.mechanics.text.metrics import COMPARED
 
+    return (*COMPARED, *(m.name for m in METRICS.values() if m.leaks_higher))
+
+
+def _comparison(c: dict[str, Any], t: str, where: Where) -> dict[str, Any]:
+    """An attack-against-attack claim's keys (expect = "beats"): the attack it beats (`than`, resolved, with
+    `than_params`), the metric compared, and how much better: `factor` times (default 1: better on average) or
+    `margin` above, in the metric's own units (dB for PSNR); not both."""
     if c["expect"] != "beats":
         for k in COMPARISON_KEYS:
             if k in c:
@@ -124,8 +132,16 @@ def _comparison(c: dict[str, Any], t: str, where: Where) -> dict[str, Any]:
     if not isinstance(c["than"], str) or not c["than"]:
         raise where.error(t, "than", f"must be an attack name, got {c['than']!r}")
     than, params = _plugin_and_params(c, "attack", "than", "than_params", t, where)
-    if c["metric"] not in COMPARED:
-        raise where.error(t, "metric", f"must be one of {', '.join(COMPARED)} (higher leaks more), got {c['metric']!r}")
+    metrics = comparable_metrics()
+    if c["metric"] not in metrics:
+        raise where.error(t, "metric", f"must be one of {', '.join(metrics)} (higher leaks more), got {c['metric']!r}")
+    if "factor" in c and "margin" in c:
+        raise where.error(t, "margin", "give factor (times the other's score) or margin (above it), not both")
+    if "margin" in c:
+        margin = c["margin"]
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin >= 0:
+            raise where.error(t, "margin", f"must be a number >= 0 (in the metric's units), got {margin!r}")
+        return {"than": than, "than_params": dict(params), "metric": c["metric"], "margin": float(margin)}
     factor = c.get("factor", 1.0)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
         raise where.error(t, "factor", f"must be a number > 0, got {factor!r}")

@@ -1,6 +1,6 @@
 """What the image and the text claims share: which rows are at a claim's setting, the verdicts that leak, the
 least number of deciding victims, and the interval of a recovered share (gleak.reporting.claims,
-gleak.reporting.text_claims)."""
+gleak.reporting.text_claims, gleak.reporting.comparison_claims)."""
 from __future__ import annotations
 
 import json
@@ -34,6 +34,15 @@ def row_at_setting(r: Any, claim: dict[str, Any], attack_params: dict[str, Any])
             and params_match(r["attack_params"], attack_params))  # fmt: skip
 
 
+def rows_at_setting(t: Any, claim: dict[str, Any], attacks: list[str], attack_params: dict[str, Any]) -> Any:
+    """The trials of a frame (pandas) by one of `attacks` at the claim's defense and setting."""
+    import pandas as pd
+
+    keep = [r["attack"] in attacks and r["defense"] == claim["defense"] and row_at_setting(r, claim, attack_params)
+            for _, r in t.iterrows()]  # fmt: skip
+    return t[pd.Series(keep, index=t.index, dtype=bool)] if len(t) else t
+
+
 def wilson(k: int, n: int) -> tuple[float, float] | None:
     """The 95% Wilson score interval of a share k / n (None for n = 0)."""
     if n <= 0:
@@ -44,7 +53,7 @@ def wilson(k: int, n: int) -> tuple[float, float] | None:
 
 
 @lru_cache(maxsize=256)
-def _defaults(attack: str) -> dict[str, Any]:
+def param_defaults(attack: str) -> dict[str, Any]:
     from gleak.contracts.registry import create
 
     try:
@@ -56,7 +65,7 @@ def _defaults(attack: str) -> dict[str, Any]:
 def variant_text(attack: str, params_js: Any) -> str:
     """The attack's parameters that differ from its defaults ('gain=1000000.0'), so that a row names the variant
     that decides it; defense_aware is said in words by the caller."""
-    base = _defaults(attack)
+    base = param_defaults(attack)
     diff = [f"{k}={v}" for k, v in sorted(params_of(params_js).items())
             if k != "defense_aware" and k in base and (base[k] or None) != (v or None)]  # {} and None: both unset
     return f" [{', '.join(diff)}]" if diff else ""

@@ -50,6 +50,8 @@ from gleak.reporting.claim_setting import (
     variant_text,
     wilson,
 )  # fmt: skip
+from gleak.reporting.comparison_claims import RULE as COMPARISON_RULE
+from gleak.reporting.comparison_claims import expects_text, judge_beats
 from gleak.reporting.text_claims import is_text_claim, judge_text
 from gleak.reporting.documents.cells import data, params_text
 
@@ -270,25 +272,24 @@ RULES = ("One verdict per claim, judged only on the cells at the claim's own set
          "defense_aware = true (the defense's name and parameters, never its randomness). Recovered: the trials whose "
          "verdict is recovered, with the 95% Wilson interval.")
 TEXT_RULES = ("Text claims are judged the same way on the text verdicts (ROUGE; a claim about the undefended case is "
-              "about the attack, so every attack decides); a claim that one attack beats another holds where its mean "
-              "score over the setting's victims is at least the claimed factor times the other's on the same victims.")  # fmt: skip
+              "about the attack, so every attack decides).")  # fmt: skip
 
 
 def _expects(claim: dict[str, Any]) -> str:
-    if claim["expect"] == "beats":
-        return f"beats {claim['than']} on {claim['metric']} by at least {claim.get('factor', 1.0):g}x"
-    return claim["expect"]
+    return expects_text(claim) if claim["expect"] == "beats" else claim["expect"]
 
 
 def claim_blocks(claims: list[dict[str, Any]], agg: pd.DataFrame, df: pd.DataFrame | None = None) -> list[tuple]:
     """The 'Published claims' section (report blocks), or nothing where the suite states no claim."""
     if not claims:
         return []
-    rows, counts, any_text = [], {v: 0 for v in VERDICTS}, False
+    rows, counts, any_text, any_beats = [], {v: 0 for v in VERDICTS}, False, False
     for claim in claims:
-        if is_text_claim(claim, df):
-            any_text = True
-            jt = judge_text(claim, df)
+        beats = claim["expect"] == "beats"
+        if beats or is_text_claim(claim, df):
+            any_beats |= beats
+            any_text |= not beats
+            jt = judge_beats(claim, df if df is not None else pd.DataFrame()) if beats else judge_text(claim, df)
             counts[jt["verdict"]] += 1
             rows.append([data(claim["source"]), data(claim["claim"]), data(claim.get("setting") or "not stated"),
                          data(_expects(claim)), f"{jt['verdict']}: {jt['why']}", data(jt["evidence"]), "-",
@@ -305,7 +306,8 @@ def claim_blocks(claims: list[dict[str, Any]], agg: pd.DataFrame, df: pd.DataFra
     header = ["source", "claim", "setting (the paper's)", "expects", "claim verdict", "evidence: attack ignoring the defense",
               "evidence: attack knowing the defense", "same attack, no defense, same case", "best trial", "at another setting"]  # fmt: skip
     tally = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-    intro = f"Each claim from its source, judged on this suite's own trials at the claim's own setting: {tally}. {RULES}" + (f" {TEXT_RULES}" if any_text else "")
+    intro = (f"Each claim from its source, judged on this suite's own trials at the claim's own setting: {tally}. {RULES}"
+             + (f" {TEXT_RULES}" if any_text else "") + (f" {COMPARISON_RULE}" if any_beats else ""))
     return [("h2", "Published claims"), ("p", intro), ("table", header, rows)]
 
 

@@ -8,9 +8,7 @@ trials (gleak.reporting.documents.text.text_rows) is judged here, trial by trial
   decides only where its undefended twin (same attack, parameters and case, no defense) is recovered, as for
   images; a claim about the undefended case (defense "none") is about the attack itself, so every cell decides.
   "no input" holds only where none of n >= 5 deciding trials is recovered.
-- expect "beats" (an attack against an attack): the claim's attack's mean `metric` over the setting's victims
-  against the `than` attack's on the same victims (same case, defense and seed); holds where the ratio is at least
-  `factor`; falls where it is not, with both means and the ratio.
+A claim that one attack beats another (expect "beats") is judged in gleak.reporting.comparison_claims.
 """
 from __future__ import annotations
 
@@ -19,24 +17,16 @@ from typing import Any
 import pandas as pd
 
 from gleak.reporting.aggregate import median_verdict
-from gleak.reporting.claim_setting import LEAKING, MIN_VICTIMS, row_at_setting, variant_text, wilson
+from gleak.reporting.claim_setting import LEAKING, MIN_VICTIMS, rows_at_setting, variant_text, wilson
 from gleak.reporting.documents.text import BASELINE, text_rows
 
-PAIR_KEYS = ("dataset", "model", "batch_size", "seq_len", "defense", "defense_params", "seed")
 CELL_KEYS = ("dataset", "model", "batch_size", "seq_len", "attack", "attack_params")
 
 
-def _at_setting(t: pd.DataFrame, claim: dict[str, Any], attacks: list[str], attack_params: dict[str, Any]) -> pd.DataFrame:
-    keep = [r["attack"] in attacks and r["defense"] == claim["defense"] and row_at_setting(r, claim, attack_params)
-            for _, r in t.iterrows()]  # fmt: skip
-    return t[pd.Series(keep, index=t.index, dtype=bool)] if len(t) else t
-
-
 def is_text_claim(claim: dict[str, Any], df: pd.DataFrame | None) -> bool:
-    """True where the claim compares attacks, or its setting's trials are text trials."""
-    if claim.get("expect") == "beats":
-        return True
-    return df is not None and len(_at_setting(text_rows(df), claim, claim["attacks"], claim.get("attack_params", {}))) > 0
+    """True where the claim's setting's trials are text trials (a claim comparing attacks is judged apart:
+    gleak.reporting.comparison_claims)."""
+    return df is not None and len(rows_at_setting(text_rows(df), claim, claim["attacks"], claim.get("attack_params", {}))) > 0
 
 
 def _cell_text(g: pd.DataFrame, t: pd.DataFrame | None = None) -> str:
@@ -59,9 +49,7 @@ def _cell_text(g: pd.DataFrame, t: pd.DataFrame | None = None) -> str:
 def judge_text(claim: dict[str, Any], df: pd.DataFrame) -> dict[str, Any]:
     """The claim's verdict (gleak.reporting.claims.VERDICTS), why, and its evidence (text)."""
     t = text_rows(df)
-    if claim["expect"] == "beats":
-        return _judge_beats(claim, t)
-    here = _at_setting(t, claim, claim["attacks"], claim.get("attack_params", {}))
+    here = rows_at_setting(t, claim, claim["attacks"], claim.get("attack_params", {}))
     if not len(here):
         return {"verdict": "not run", "why": "no trial of this suite is at the claim's setting", "evidence": "-", "twin": "-"}
     cells = [g for _, g in here.groupby(list(CELL_KEYS), sort=False, dropna=False)]
@@ -106,29 +94,3 @@ def judge_text(claim: dict[str, Any], df: pd.DataFrame) -> dict[str, Any]:
             return {"verdict": "not reproduced", "why": f"most inputs: {share:.0%} of the victims recovered (more than "
                     f"half needed); {_cell_text(best, t)}", "evidence": evidence, "twin": twin_text}  # fmt: skip
     return {"verdict": "holds", "why": f"{_cell_text(best, t)} leaks", "evidence": evidence, "twin": twin_text}
-
-
-def _judge_beats(claim: dict[str, Any], t: pd.DataFrame) -> dict[str, Any]:
-    metric, factor = claim["metric"], float(claim.get("factor", 1.0))
-    theirs = _at_setting(t, claim, [claim["than"]], claim.get("than_params", {}))
-    than = claim["than"] + (variant_text(claim["than"], theirs["attack_params"].iloc[0]) if len(theirs) else "")
-    best: tuple[float, str, float, float, int, int] | None = None
-    for attack in claim["attacks"]:
-        ours = _at_setting(t, claim, [attack], claim.get("attack_params", {}))
-        for ap, g in ours.groupby("attack_params", sort=False):
-            paired = g.merge(theirs, on=list(PAIR_KEYS), suffixes=("", "_than"))
-            if not len(paired):
-                continue
-            a, b = pd.to_numeric(paired[metric]), pd.to_numeric(paired[f"{metric}_than"])
-            ma, mb = float(a.mean()), float(b.mean())
-            ratio = ma / mb if mb > 0 else (float("inf") if ma > 0 else 1.0)
-            label = attack + variant_text(attack, ap)
-            if best is None or ratio > best[0]:
-                best = (ratio, label, ma, mb, int((a > b).sum()), len(paired))
-    if best is None:
-        return {"verdict": "not run", "why": f"no victim at the claim's setting was attacked by both the claim's attack and {than}",
-                "evidence": "-", "twin": "-"}  # fmt: skip
-    ratio, label, ma, mb, wins, n = best
-    said = (f"{label} {metric} {ma:.3f} against {than} {mb:.3f} on the same {n} victims: {ratio:.2f}x "
-            f"(claimed at least {factor:g}x); higher on {wins} of {n}")  # fmt: skip
-    return {"verdict": "holds" if ratio >= factor else "falls", "why": said, "evidence": said, "twin": "-"}
