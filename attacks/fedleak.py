@@ -41,6 +41,9 @@ from gleak.mechanics.progress import report as report_progress
 MASK_BY = ("candidate", "observed")
 REGULARIZATION = ("lookahead", "ascent", "none")
 FEDAVG = ("simulate", "one-gradient")
+PARAMETERIZATION = ("generator", "pixels")
+# The code's median filter: 5x5 on its 128 px images; "auto" applies it from that size on.
+MEDIAN_FROM = 128
 
 
 def partial_mask(g: Tensor, keep: float) -> Tensor:
@@ -70,34 +73,47 @@ def partial_distance(grads, target: list[Tensor], keep: float, mask_by: str = "c
     return torch.stack(terms).sum()
 
 
-def regularized_step(x: Tensor, opt: torch.optim.Optimizer, direction: Callable[[Tensor], Tensor], alpha: float,
+def regularized_step(x: Tensor | list[Tensor], opt: torch.optim.Optimizer, direction: Callable, alpha: float,
                      mode: str, project: Callable[[Tensor], None] | None = None) -> None:  # fmt: skip
-    """One FedLeak iteration on the leaf x, in place. direction(x) -> the (signed) descent direction at x;
-    project(x) puts x back in the box (in place), after every step.
+    """One FedLeak iteration on the optimised leaf x (the pixels) or leaves [x_1, ...] (a generator's weights), in
+    place. direction(values) -> the (signed) descent direction at `values` (same structure as x: a tensor or a list
+    of tensors); project(t) puts a tensor back in the box (in place), after every step (pixels only).
 
     "lookahead" (the code): s0 at x; an optimizer step along s0 to x1; s1 at x1; x restored; a second optimizer step
     along (1 - alpha) s0 + alpha s1 (the optimizer's state advances on both steps, as the code's). "ascent" (the
     other reading of "gradient regularization": penalising the objective's gradient norm, Zhao et al. ICML 2022,
     whose finite-difference form probes uphill): the same with s1 taken at the reflected point x - (x1 - x).
     "none" (the ablation): one plain step along s0."""
-    x0 = x.detach().clone()
-    s0 = direction(x0)
-    x.grad = s0.clone()
+    single = isinstance(x, Tensor)
+    xs = [x] if single else list(x)
+
+    def d(values: list[Tensor]) -> list[Tensor]:
+        out = direction(values[0] if single else values)
+        return [out] if single else list(out)
+
+    def proj(ts) -> None:
+        if project is not None:
+            for t in ts:
+                project(t)
+
+    x0 = [t.detach().clone() for t in xs]
+    s0 = d(x0)
+    for t, g in zip(xs, s0):
+        t.grad = g.clone()
     opt.step()
-    if project is not None:
-        project(x)
+    proj(xs)
     if mode == "none":
         return
-    probe = x.detach().clone() if mode == "lookahead" else 2 * x0 - x.detach()
-    if project is not None:
-        project(probe)
-    s1 = direction(probe)
+    probe = [t.detach().clone() if mode == "lookahead" else 2 * t0 - t.detach() for t, t0 in zip(xs, x0)]
+    proj(probe)
+    s1 = d(probe)
     with torch.no_grad():
-        x.copy_(x0)
-    x.grad = (1 - alpha) * s0 + alpha * s1
+        for t, t0 in zip(xs, x0):
+            t.copy_(t0)
+    for t, a, b in zip(xs, s0, s1):
+        t.grad = (1 - alpha) * a + alpha * b
     opt.step()
-    if project is not None:
-        project(x)
+    proj(xs)
 
 
 def median_filter(x: Tensor, k: int) -> Tensor:
@@ -110,6 +126,82 @@ def median_filter(x: Tensor, k: int) -> Tensor:
     flat = torch.nn.functional.pad(flat, (p, p, p, p), mode="reflect" if min(shape[-2:]) > p else "replicate")
     patches = flat.unfold(2, k, 1).unfold(3, k, 1)
     return patches.reshape(*patches.shape[:4], -1).median(-1).values.reshape(shape)
+
+
+def generated_side(height: int, width: int) -> int:
+    """The side the generator draws at: the next power of two >= the image's larger side, at least 4 (its first
+    layer's 4x4 map); the image is its centre crop."""
+    return max(4, 1 << (max(int(height), int(width)) - 1).bit_length())
+
+
+def _block_width(channels: int, res: int) -> int:
+    """The code's widths: `channels` up to 32 px, half at 64, a quarter at 128 and above (at least 1)."""
+    return max(1, channels // (1 if res <= 32 else 2 if res == 64 else 4))
+
+
+class ConvBlock(nn.Module):
+    """Two spectrally normalised 3x3 convolutions (torch's spectral_norm parametrization, one power iteration per
+    forward in train mode), each followed by BatchNorm and LeakyReLU(0.1)."""
+
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__()
+        sn = nn.utils.parametrizations.spectral_norm
+        self.body = nn.Sequential(
+            sn(nn.Conv2d(c_in, c_out, 3, padding=1)), nn.BatchNorm2d(c_out), nn.LeakyReLU(0.1),
+            sn(nn.Conv2d(c_out, c_out, 3, padding=1)), nn.BatchNorm2d(c_out), nn.LeakyReLU(0.1),
+        )
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.body(h)
+
+
+class UntrainedGenerator(nn.Module):
+    """FedLeak's image parameterisation (the released code's generator, rewritten): a fixed code z (B, code_dim) ->
+    ConvTranspose2d to a 4x4 map of `channels` -> BatchNorm -> LeakyReLU(0.1) -> a ConvBlock at 4 px, then for
+    each doubling up to `side` a nearest x2 upsampling and a ConvBlock (widths as the code's: halved at 64 px,
+    quartered from 128 px) -> a 1x1 convolution to `out_channels` -> sigmoid. Output (B, out_channels, side, side)
+    in [0, 1]. Never trained beforehand; its BatchNorms stay in train mode (statistics over the batch of codes), as
+    in the code, which never calls eval()."""
+
+    def __init__(self, out_channels: int, side: int, channels: int = 256, code_dim: int = 128):
+        super().__init__()
+        if side < 4 or side & (side - 1):
+            raise ValueError(f"side must be a power of two >= 4, got {side!r}")
+        self.code_dim, self.side = code_dim, side
+        self.stem = nn.Sequential(nn.ConvTranspose2d(code_dim, channels, 4), nn.BatchNorm2d(channels), nn.LeakyReLU(0.1))
+        blocks, c, res = [ConvBlock(channels, channels)], channels, 4
+        while res < side:
+            res *= 2
+            blocks.append(ConvBlock(c, _block_width(channels, res)))
+            c = _block_width(channels, res)
+        self.blocks = nn.ModuleList(blocks)
+        self.to_image = nn.Conv2d(c, out_channels, 1)
+
+    def forward(self, z: Tensor) -> Tensor:
+        h = self.blocks[0](self.stem(z.reshape(-1, self.code_dim, 1, 1)))
+        for block in self.blocks[1:]:
+            h = block(nn.functional.interpolate(h, scale_factor=2, mode="nearest"))
+        return torch.sigmoid(self.to_image(h))
+
+
+def centre_crop(img: Tensor, height: int, width: int) -> Tensor:
+    """The central height x width window of img (..., S, S)."""
+    top, left = (img.shape[-2] - height) // 2, (img.shape[-1] - width) // 2
+    return img[..., top: top + height, left: left + width]
+
+
+def seeded_generator(shape: tuple[int, ...], batch: int, rng: torch.Generator, channels: int = 256,
+                     code_dim: int = 128, dtype: torch.dtype = torch.float32) -> tuple[UntrainedGenerator, Tensor]:  # fmt: skip
+    """A fresh generator for images of `shape` (C, H, W) and its fixed codes z ~ N(0, 1) (batch, code_dim), both
+    drawn from rng alone (the weights' init under a forked global RNG seeded from rng): the same rng state gives the
+    same generator and codes."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=rng))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = UntrainedGenerator(int(shape[0]), generated_side(shape[1], shape[2]), channels, code_dim).to(dtype)
+    z = torch.randn((batch, code_dim), generator=rng, dtype=dtype)
+    return net, z
+
 
 
 @register_attack("fedleak")
@@ -167,12 +259,15 @@ class FedLeak(Attack):
     """
 
     needs = frozenset({"architecture", "parameters", "batch_size", "data_stats"})
-    conformance_params = {"iterations": 3}
+    conformance_params = {"iterations": 3, "channels": 16}
 
     def __init__(
         self,
         iterations: int = 10_000,
-        lr: float = 0.1,
+        parameterization: Literal["generator", "pixels"] = "generator",
+        channels: int = 256,
+        code_dim: int = 128,
+        lr: float | None = None,
         keep: float = 0.5,
         mask_by: Literal["candidate", "observed"] = "candidate",
         regularization: Literal["lookahead", "ascent", "none"] = "lookahead",
@@ -181,12 +276,13 @@ class FedLeak(Attack):
         weight_decay: float = 0.01,
         signed: bool = True,
         boxed: bool = True,
-        median: int = 0,
+        median: int | Literal["auto"] = "auto",
         restarts: int = 1,
         labels: Literal["count-aware", "idlg", "bias-sign", "row-sign", "given"] = "count-aware",
         fedavg: Literal["simulate", "one-gradient"] = "simulate",
     ):
         self.iterations, self.lr, self.keep, self.mask_by = iterations, lr, keep, mask_by
+        self.parameterization, self.channels, self.code_dim = parameterization, channels, code_dim
         self.regularization, self.alpha, self.tv, self.weight_decay = regularization, alpha, tv, weight_decay
         self.signed, self.boxed, self.median, self.restarts = signed, boxed, median, restarts
         self.labels, self.fedavg = labels, fedavg
@@ -200,24 +296,40 @@ class FedLeak(Attack):
         check_choice("regularization", self.regularization, REGULARIZATION)
         check_choice("labels", self.labels, FIXED_LABELS)
         check_choice("fedavg", self.fedavg, FEDAVG)
+        check_choice("parameterization", self.parameterization, PARAMETERIZATION)
+        for name in ("channels", "code_dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or self.iterations < 1:
             raise ValueError(f"iterations must be an integer >= 1, got {self.iterations!r}")
         if isinstance(self.restarts, bool) or not isinstance(self.restarts, int) or self.restarts < 1:
             raise ValueError(f"restarts must be an integer >= 1, got {self.restarts!r}")
-        if isinstance(self.median, bool) or not isinstance(self.median, int) or self.median < 0 or (self.median > 1 and self.median % 2 == 0):
-            raise ValueError(f"median must be 0 (off) or an odd kernel size >= 1, got {self.median!r}")
+        m = self.median
+        if m != "auto" and (isinstance(m, bool) or not isinstance(m, int) or m < 0 or (m > 1 and m % 2 == 0)):
+            raise ValueError(f"median must be \"auto\", 0 (off) or an odd kernel size >= 1, got {m!r}")
         if not (isinstance(self.keep, (int, float)) and 0.0 < self.keep <= 1.0):
             raise ValueError(f"keep must be in (0, 1], got {self.keep!r}")
         if not (isinstance(self.alpha, (int, float)) and 0.0 <= self.alpha <= 1.0):
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha!r}")
-        for name in ("lr",):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be > 0, got {v!r}")
+        v = self.lr
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)):
+            raise ValueError(f"lr must be > 0 (or None: the parameterisation's default), got {v!r}")
         for name in ("tv", "weight_decay"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be >= 0, got {v!r}")
+
+    def step_size(self) -> float:
+        """lr as given, else the parameterisation's default: 1e-2 on generator weights (the code's), 0.1 on pixels
+        (inverting-gradients')."""
+        return float(self.lr) if self.lr is not None else (1e-2 if self.parameterization == "generator" else 0.1)
+
+    def median_kernel(self, height: int, width: int) -> int:
+        """median as given, or under "auto" the code's 5 for images of at least 128 px a side, else 0 (off)."""
+        if self.median != "auto":
+            return int(self.median)
+        return 5 if min(height, width) >= MEDIAN_FROM else 0
 
     @classmethod
     def estimated_cost(cls, params: dict, case) -> float:
@@ -261,44 +373,80 @@ class FedLeak(Attack):
             raise UnsupportedCase("fedleak needs the batch size and the data mean/std")
         if len(k.input_shape) != 3:
             raise UnsupportedCase("fedleak reconstructs images (C, H, W)")
-        dtype = params[0].dtype
+        dtype, B = params[0].dtype, int(k.batch_size)
+        C, H, W = (int(v) for v in k.input_shape)
         y, target, candidate, matched = self._matching(observation, model, names, params, rng)
-        lo = ((0 - k.mean) / k.std).to(dtype).view(-1, 1, 1)
-        hi = ((1 - k.mean) / k.std).to(dtype).view(-1, 1, 1)
+        mean = k.mean.to(dtype).view(-1, 1, 1)
+        std = k.std.to(dtype).view(-1, 1, 1)
+        lo, hi = (0 - mean) / std, (1 - mean) / std
+        generator = self.parameterization == "generator"
 
         def objective(x: Tensor) -> tuple[Tensor, Tensor]:
+            """(distance + tv * TV, distance) at the normalised images x; the TV on the [0, 1] images under the
+            generator (the code's: on its sigmoid output), on x itself under pixels (inverting-gradients')."""
             rec = partial_distance(candidate(x), target, self.keep, self.mask_by)
-            return (rec + self.tv * total_variation(x) if self.tv > 0 else rec), rec
-
-        def project(x: Tensor) -> None:
-            if self.boxed:
-                with torch.no_grad():
-                    x.copy_(torch.max(torch.min(x, hi), lo))
+            if self.tv <= 0:
+                return rec, rec
+            return rec + self.tv * total_variation(x * std + mean if generator else x), rec
 
         last = {"rec": torch.zeros(())}
-
-        def direction(x: Tensor) -> Tensor:
-            with torch.enable_grad():
-                v = x.detach().requires_grad_(True)
-                obj, rec = objective(v)
-                (g,) = torch.autograd.grad(obj, v)
-            last["rec"] = rec.detach()
-            return g.sign() if self.signed else g
-
         results = []
         total = self.iterations * self.restarts
         for r in range(self.restarts):
-            x = torch.randn((int(k.batch_size), *k.input_shape), generator=rng, dtype=dtype).requires_grad_(True)
-            opt = torch.optim.AdamW([x], lr=self.lr, weight_decay=self.weight_decay)
+            if generator:
+                net, z = seeded_generator((C, H, W), B, rng, self.channels, self.code_dim, dtype)
+                net.train()  # BatchNorm over the batch of codes, as the code (never eval())
+                leaves = list(net.parameters())
+
+                def render() -> Tensor:
+                    return (centre_crop(net(z), H, W) - mean) / std
+
+                def direction(values: list[Tensor]) -> list[Tensor]:
+                    with torch.no_grad():
+                        for p_, v in zip(leaves, values):
+                            if v is not p_:
+                                p_.copy_(v)
+                    with torch.enable_grad():
+                        obj, rec = objective(render())
+                        gs = torch.autograd.grad(obj, leaves)
+                    last["rec"] = rec.detach()
+                    return [g.sign() for g in gs] if self.signed else list(gs)
+
+                project = None
+            else:
+                x = torch.randn((B, C, H, W), generator=rng, dtype=dtype).requires_grad_(True)
+                leaves = [x]
+
+                def direction(values: list[Tensor]) -> list[Tensor]:
+                    with torch.enable_grad():
+                        v = values[0].detach().requires_grad_(True)
+                        obj, rec = objective(v)
+                        (g,) = torch.autograd.grad(obj, v)
+                    last["rec"] = rec.detach()
+                    return [g.sign() if self.signed else g]
+
+                def project(t: Tensor) -> None:
+                    if self.boxed:
+                        with torch.no_grad():
+                            t.copy_(torch.max(torch.min(t, hi), lo))
+
+            lr = self.step_size()
+            opt = torch.optim.AdamW(leaves, lr=lr, weight_decay=self.weight_decay)
             for i in range(self.iterations):
                 for group in opt.param_groups:  # CosineAnnealingLR's closed form, T_max = iterations + 1
-                    group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * i / (self.iterations + 1)))
-                regularized_step(x, opt, direction, self.alpha, self.regularization, project)
+                    group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * i / (self.iterations + 1)))
+                regularized_step(leaves, opt, direction, self.alpha, self.regularization, project)
                 report_progress(r * self.iterations + i + 1, total, last["rec"])
-            xf = median_filter(x.detach(), self.median)
+            if generator:
+                with torch.no_grad():
+                    final = render().detach()
+            else:
+                final = x.detach()
+            xf = median_filter(final, self.median_kernel(H, W))
             with torch.enable_grad():
                 _, rec = objective(xf.clone().requires_grad_(True))
             results.append((float(rec.detach()), xf))
         best = min(range(len(results)), key=lambda j: results[j][0])
-        extra = {"grad_loss": results[best][0], "restart": best, "iterations": self.iterations, "matched": matched}
+        extra = {"grad_loss": results[best][0], "restart": best, "iterations": self.iterations, "matched": matched,
+                 "parameterization": self.parameterization}  # fmt: skip
         return Reconstruction(x=results[best][1], y=y, extra=extra)
