@@ -164,6 +164,32 @@ def test_the_generator_draws_the_cases_shape_in_the_valid_range(shape, side):
         assert float(big.min()) >= 0 and float(big.max()) <= 1 and float(big.std()) > 0.1
 
 
+def test_the_generator_is_the_codes_architecture():
+    """A 4x4 transposed convolution from the code, then one ConvBlock per resolution 4, 8, ... up to the drawn side
+    (two spectrally normalised 3x3 convolutions, each with BatchNorm and LeakyReLU 0.1; widths halved at 64 px and
+    quartered from 128 px), a 1x1 convolution to the image's channels."""
+    from torch.nn.utils import parametrize
+
+    net = fl.UntrainedGenerator(3, 128, channels=16, code_dim=128)
+    stem = net.stem[0]
+    assert isinstance(stem, torch.nn.ConvTranspose2d) and stem.kernel_size == (4, 4) and stem.in_channels == 128
+    assert len(net.blocks) == 6  # 4, 8, 16, 32, 64, 128
+    convs = [m for b in net.blocks for m in b.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 12 and all(parametrize.is_parametrized(c, "weight") and c.kernel_size == (3, 3) for c in convs)
+    assert [c.out_channels for c in convs[::2]] == [16, 16, 16, 16, 8, 4]
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules()) == 13
+    assert {m.negative_slope for m in net.modules() if isinstance(m, torch.nn.LeakyReLU)} == {0.1}
+    assert net.to_image.kernel_size == (1, 1) and net.to_image.out_channels == 3
+
+
+def test_the_attacks_generator_keeps_batchnorm_in_train_mode(monkeypatch):
+    """As the code (which never calls eval()): statistics over the batch of codes while it is optimised."""
+    nets, real = [], fl.seeded_generator
+    monkeypatch.setattr(fl, "seeded_generator", lambda *a, **kw: nets.append(real(*a, **kw)) or nets[-1])
+    gleak.run_trial(attack={"name": "fedleak", "iterations": 1, "channels": 8}, seed=0, **CASE)
+    assert len(nets) == 1 and nets[0][0].training
+
+
 def test_the_generators_images_follow_their_codes():
     """Each image is drawn from its own code: different codes, different images; the same code twice, the same
     image twice (BatchNorm over the batch aside: a batch of two copies of one code)."""
