@@ -2,8 +2,11 @@
 Settings", USENIX Security 2025, arXiv:2506.08435; the authors' release on Zenodo, doi 10.5281/zenodo.15532455, read
 through its integration copy KaimingZhu/FedLeak_transfer_test: attack.py, generator.py).
 
-Optimisation-based gradient matching (inverting-gradients style: signed Adam on the images, boxed, TV) with the
-paper's two techniques:
+Optimisation-based gradient matching in which, as in the released code, the images are not optimised directly: they
+are drawn by an untrained convolutional generator from fixed Gaussian codes, and the generator's weights are
+optimised (signed AdamW, cosine annealing, TV; UntrainedGenerator below). parameterization = "pixels" optimises the
+images instead (inverting-gradients style: signed AdamW on the normalised pixels, boxed). The paper's two techniques
+act on whichever is optimised:
 
 * Partial gradient matching. Per parameter tensor l only the entries where the candidate's gradient g'_l is large
   are matched: the mask m_l = [|g'_l| >= q-quantile of |g'_l|] (q = 1 - keep, keep 0.5 in the released code's
@@ -14,7 +17,8 @@ paper's two techniques:
   (the code's l1_loss, a mean over all entries of the tensor, plus its cos_loss), summed over tensors, + tv * TV.
   The mask is a selection (no gradient flows through it), recomputed at every evaluation.
 
-* Gradient regularization. Each iteration takes the signed gradient s0 = sign(dL/dx) at x, an optimizer step to the
+* Gradient regularization. Each iteration takes the signed gradient s0 = sign(dL/dx) at the optimised x (generator
+  weights or pixels), an optimizer step to the
   look-ahead point x1, the signed gradient s1 there, and then steps from x (restored) along (1 - a) s0 + a s1,
   a = 0.3: a finite-difference form of regularizing the objective by its own gradient's change along the step
   (the code's "forward gradient", 0.7 / 0.3). The optimizer's state advances on both steps, as in the code.
@@ -206,12 +210,14 @@ def seeded_generator(shape: tuple[int, ...], batch: int, rng: torch.Generator, c
 
 @register_attack("fedleak")
 class FedLeak(Attack):
-    """FedLeak (Fan, Wang, Chen, Zhou, USENIX Security 2025): partial gradient matching + gradient regularization.
+    """FedLeak (Fan, Wang, Chen, Zhou, USENIX Security 2025): a generator prior, partial gradient matching, gradient
+    regularization.
 
     Fan, Wang, Chen, Zhou, "Boosting Gradient Leakage Attacks: Data Reconstruction in Realistic FL Settings", USENIX
-    Security 2025 (arXiv:2506.08435). The images x (labels fixed first) are optimised by signed AdamW on
+    Security 2025 (arXiv:2506.08435). The images x = (G_w(z) - mean) / std (labels fixed first) are drawn by an
+    untrained generator G_w from fixed codes z, and its weights w are optimised by signed AdamW on
 
-        sum_l [ mean|m_l (g_l - g'_l)| + 1 - cos(m_l g_l, m_l g'_l) ]  +  tv * TV(x)
+        sum_l [ mean|m_l (g_l - g'_l)| + 1 - cos(m_l g_l, m_l g'_l) ]  +  tv * TV(G_w(z))
 
     (module docstring: m_l keeps the largest entries of the candidate gradient g'_l), with the look-ahead gradient
     regularization (regularized_step). Every default below is the authors' released code's (Zenodo v1, attack.py and
@@ -220,10 +226,18 @@ class FedLeak(Attack):
 
     Parameters
     ----------
-    iterations: 10,000 (the code's num_iters). lr: 0.1 (see the deviations: the code's 1e-2 is on generator
-        weights); the step size follows a cosine annealing to 0 over iterations + 1 (the code's
+    iterations: 10,000 (the code's num_iters).
+    parameterization: "generator" (default, the code): the weights of UntrainedGenerator are optimised; "pixels" (the
+        option): the normalised images themselves, from N(0, 1), clamped to the valid range after every step, the
+        TV on them (inverting-gradients').
+    channels: the generator's width, 256 (the code's; 64 px and up use half, 128 px and up a quarter, as the code).
+        Its cost grows with its square: smaller widths suit CPU budgets. code_dim: each image's code, 128 (the
+        code's latent_vec), z ~ N(0, 1), fixed. The generator's weights (torch's default init) and codes are drawn
+        from the trial's generator, so a trial is deterministic.
+    lr: None (default): 1e-2 under the generator (the code's, on its weights), 0.1 under pixels (inverting-
+        gradients', on pixels); the step size follows a cosine annealing to 0 over iterations + 1 (the code's
         CosineAnnealingLR(T_max 10001) over 10,000 iterations). weight_decay: AdamW's, 0.01 (torch's default,
-        which the code leaves on).
+        which the code leaves on; on every generator weight, BatchNorm's included, as the code).
     keep: the share of each tensor's entries matched, 0.5 (the code's combine_loss: quantile 0.5); 1 matches every
         entry (the ablation: no partial matching).
     mask_by: whose magnitudes pick the entries: "candidate" (default, the code: the dummy gradient's) or "observed"
@@ -231,12 +245,16 @@ class FedLeak(Attack):
     regularization: "lookahead" (default, the code's "forward gradient": the signed gradient at the point one
         optimizer step ahead, mixed in with weight `alpha` = 0.3, 0.7 on the current one), "ascent" (the probe one
         step uphill instead: the gradient-norm penalty reading), or "none" (the ablation). alpha: the mixing weight.
-    tv: 1e-5 (the code's, on its TV: inverting_gradients.total_variation, the same formula). signed: True (the code
-        signs the gradient before AdamW). boxed: True, x clamped to the valid pixel range after every step (the
-        code's generator ends in a sigmoid, so its images are always in [0, 1]).
-    median: the code's final median filter's kernel (5 in the code, on 128 px images); default 0 (off), see below.
-    restarts: independent runs from N(0, 1) inits (default 1; the code's loop runs 1); the lowest final matching
-        distance wins (the code picks by PSNR to the true images, which an attacker does not have).
+    tv: 1e-5 (the code's, on its TV: inverting_gradients.total_variation, the same formula; on the generator's
+        [0, 1] images, as the code, or on the normalised pixels under "pixels"). signed: True (the code signs the
+        gradient before AdamW). boxed: True, pixels clamped to the valid range after every step under "pixels" (the
+        generator's sigmoid keeps its images in range by construction).
+    median: the final median filter's kernel. "auto" (default): the code's 5x5 on images of at least 128 px a side
+        (the code's size), off below: at gleak's 8-32 px a 5x5 window spans a sixth to over half of the image and
+        blurs it (at 128 px it spans 4%). 0: off; an odd k: a k x k filter whatever the size.
+    restarts: independent runs (a fresh generator and codes, or a fresh N(0, 1) init, each; default 1, the code's
+        loop runs 1); the lowest final matching distance wins (the code picks by PSNR to the true images, which an
+        attacker does not have).
     labels: "count-aware" (default: the batch's label counts read from the gradient, attacks/idlg.py), "idlg",
         "bias-sign", "row-sign", or "given" (the true labels, as the code feeds them; adds "labels" to `needs`).
     fedavg: how a FedAvg delta (kind "delta") is matched: "simulate" (default: the client's local SGD simulated on the
@@ -245,17 +263,24 @@ class FedLeak(Attack):
         as a gradient). A FedSGD gradient is matched as sent. The paper's evaluation protocol includes local training;
         the released code attacks a gradient.
 
-    Deviations (named): the code optimises the weights of an untrained convolutional generator (a deep-image-prior
-    parameterisation: spectral-norm conv blocks, BatchNorm, 4x4 to 128 px, fixed noise input) rather than the pixels;
-    here the pixels are optimised as in inverting-gradients, so lr is inverting-gradients' 0.1 on pixels, not the
-    code's 1e-2 on generator weights, and the TV and weight decay act in normalised pixel space. The median filter is
-    off by default: its 5x5 kernel was set for 128 px images and blurs the 8-32 px images of gleak's cases (option
-    median = 5 restores it). The code's cosine term carries a second mask (entries of the masked client gradient
-    above its 20% quantile) that is empty at keep 0.5 (over half the masked entries are zero, so the quantile is 0);
-    it is not implemented. Cross entropy with hard labels, mean over the batch; the gradient is taken with the
-    observer's model in whatever mode it was sent. The paper's claims at 10,000 iterations on GPUs are not
-    reproduced at CPU budgets. extra: grad_loss (the chosen restart's final matching distance, TV excluded), restart,
-    iterations, matched ("gradient", "simulated-delta" or "delta-as-gradient").
+    Sizes. The code draws 128 px images (blocks at 4, 8, ..., 128 px). Here the generator draws at the next power of
+    two >= the image's larger side, at least 4 (its first 4x4 map): 8 px images at 8 (blocks at 4 and 8), 14 px at
+    16, 32 px at 32, with the case's channel count (1 for grey images), and the image is the centre crop of the
+    drawn one (no resampling: each pixel is one of the generator's, and the range stays [0, 1]; for 14 px the outer
+    ring of the 16 px drawing is unused). Then x = (crop - mean) / std, the normalised space the model expects, as
+    the pixel path's box.
+
+    Deviations (named): the code's own spectral-norm layer (BigGAN's, one power iteration per forward) is torch's
+    spectral_norm parametrization here (also one power iteration per forward in train mode); its generator, always
+    in train mode, keeps BatchNorm over the batch of codes, as here. The generator's depth follows the image size
+    (fewer blocks for small images than the code's 128 px), and its images are cropped (above). The median filter
+    is off below 128 px (above). The code's cosine term carries a second mask (entries of the masked client
+    gradient above its 20% quantile) that is empty at keep 0.5 (over half the masked entries are zero, so the
+    quantile is 0); it is not implemented. Cross entropy with hard labels, mean over the batch; the gradient is
+    taken with the observer's model in whatever mode it was sent. The paper's claims at 10,000 iterations on GPUs
+    are not reproduced at CPU budgets. extra: grad_loss (the chosen restart's final matching distance, TV
+    excluded), restart, iterations, matched ("gradient", "simulated-delta" or "delta-as-gradient"),
+    parameterization.
     """
 
     needs = frozenset({"architecture", "parameters", "batch_size", "data_stats"})
@@ -334,13 +359,21 @@ class FedLeak(Attack):
     @classmethod
     def estimated_cost(cls, params: dict, case) -> float:
         """One gradient-matching evaluation per iteration, two with the regularization's look-ahead, per restart and
-        per simulated local step of a FedAvg case."""
-        p = {"iterations": 10_000, "regularization": "lookahead", "restarts": 1, "fedavg": "simulate", **params}
+        per simulated local step of a FedAvg case; under the generator each evaluation also runs the generator
+        forward and backward, taken as 2 x (channels / 64)^2 x (drawn side / 16)^2 model passes (rough: measured
+        ~3 pixel-path evaluations at width 64, 14 px, batch 8, on the MLP of 64 units)."""
+        p = {"iterations": 10_000, "regularization": "lookahead", "restarts": 1, "fedavg": "simulate",
+             "parameterization": "generator", "channels": 256, **params}  # fmt: skip
         steps = 1
         if p["fedavg"] == "simulate":
             steps = int((getattr(case, "protocol_params", None) or {}).get("local_steps") or getattr(case, "local_steps", 1) or 1)
         per = 1 if p["regularization"] == "none" else 2
-        return float(p["iterations"]) * per * int(p["restarts"]) * steps
+        each = float(steps)
+        if p["parameterization"] == "generator":
+            res = getattr(case, "resolution", None) or 32
+            side = generated_side(res, res)
+            each += 2.0 * (float(p["channels"]) / 64) ** 2 * (side / 16) ** 2
+        return float(p["iterations"]) * per * int(p["restarts"]) * each
 
     def _matching(self, observation: Observation, model: nn.Module, names: list[str], params: list[nn.Parameter],
                   rng: torch.Generator):  # fmt: skip
