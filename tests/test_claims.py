@@ -117,6 +117,19 @@ def test_an_attack_that_fails_undefended_makes_a_claim_inconclusive_never_falls_
     assert judge(CLAIM_D, no_twin)["verdict"] == "inconclusive"
 
 
+def test_a_victim_recovered_at_the_claim_s_setting_decides_a_leak_claim_without_a_recovered_twin():
+    # The attack recovers the victim through the defense (3 of 5) but its undefended twin only partly: a claim that
+    # data leaks holds on that recovery; a claim that the defense stops the attack stays undecided by it.
+    odd = pd.DataFrame([_none("closed-form", 22.0, "partial"), _row("closed-form", False, 25.0, "recovered", recovered=0.6)])
+    leak = judge({**CLAIM_D, "expect": "leaks"}, odd)
+    assert leak["verdict"] == "holds" and "recovered at 25.0 dB" in leak["why"] and "partial at 22.0 dB" in leak["why"], leak
+    assert judge(CLAIM_D, odd)["verdict"] == "inconclusive"
+    no_twin = odd[odd["defense"] != "none"]
+    assert judge({**CLAIM_D, "expect": "leaks"}, no_twin)["verdict"] == "holds"
+    partly = odd.assign(verdict=["partial", "partial"])  # a partial leak there is no such evidence
+    assert judge({**CLAIM_D, "expect": "leaks"}, partly)["verdict"] == "inconclusive"
+
+
 def test_the_undefended_twin_is_the_same_case_and_the_same_attack_parameters():
     # Undefended: recovered at batch 1, defended at batch 4; the claim at batch 4 compares like with like.
     agg = pd.DataFrame([_none("closed-form", 120.0, "recovered", batch=1), _none("closed-form", 11.0, "defended", batch=4),

@@ -167,6 +167,30 @@ def test_a_reconstruction_sits_under_its_own_image_and_a_missing_one_is_a_grey_c
             assert (below == round(MISSING_GREY * 255)).all()
 
 
+@pytest.mark.parametrize("batch", [8, 16, 40])
+def test_a_grid_shows_the_first_sixteen_images_of_a_large_batch_and_says_so(tmp_path, drawn, batch):
+    """A batch of 40 stored whole is cut to its first 16 columns (truth and reconstruction alike), the head says how
+    many of how many; a batch of 16 or fewer is drawn whole."""
+    import torch
+    from PIL import Image
+
+    from gleak.orchestration.images import first_images, reconstruction_image
+
+    truth = torch.rand(batch, 3, 8, 8, generator=torch.Generator().manual_seed(batch))
+    png = reconstruction_image(truth, truth)
+    shown, n = first_images(png, 16)
+    assert n == batch
+    assert shown.shape[0] == png.shape[0] and shown.shape[1] == 2 + min(batch, 16) * (96 + 2)
+    assert (shown == png[:, : shown.shape[1]]).all()  # the first columns, cut at an image's edge
+    img_dir = tmp_path / "images"
+    img_dir.mkdir()
+    Image.fromarray(png).save(img_dir / "a.png")
+    cells = pd.DataFrame({"row_label": ["none"], "col_label": ["closed-form"], "image": ["a.png"], "psnr": [120.0]})
+    figures.reconstruction_grid(cells, img_dir, tmp_path / "g.png", "Reconstructions")
+    head = drawn[0]._suptitle.get_text()
+    assert ("the first 16 of 40 shown" in head) == (batch == 40), head
+
+
 def test_a_strength_line_varies_one_parameter_and_holds_every_other_fixed():
     """A defense run at delta 0.01 and 0.1 (1 iteration) and at 4 iterations (delta 0.1), and MixUp at k = 4 and at
     k = 6 with pruning: the delta line holds iterations at 1, the iterations line holds delta at 0.1, and MixUp has no

@@ -10,7 +10,10 @@ from torch import Tensor
 from gleak.mechanics.atomic_files import atomic_write_bytes
 
 
-def image_grid(rows: list[Tensor], scale: int = 4, pad: int = 2) -> np.ndarray:
+PAD = 2  # white pixels around and between a stored PNG's images
+
+
+def image_grid(rows: list[Tensor], scale: int = 4, pad: int = PAD) -> np.ndarray:
     """Stack rows of (N, C, H, W) images in [0, 1] into one uint8 RGB array, upscaled by `scale` (nearest), `pad`
     white pixels around and between them (the layout of torchvision.utils.make_grid, laid out here: importing
     torchvision costs every worker over a second; a shorter row is filled with white images)."""
@@ -47,6 +50,16 @@ def reconstruction_image(truth: Tensor, rec: Tensor) -> np.ndarray:
     below = [rec[under[i] : under[i] + 1].to(truth.dtype) if i in under else grey for i in range(len(truth))]
     below += [rec[r : r + 1].to(truth.dtype) for r in range(len(rec)) if r not in set(under.values())]
     return image_grid([truth, torch.cat(below)], scale=max(1, 96 // truth.shape[-1]))
+
+
+def first_images(strip: np.ndarray, k: int) -> tuple[np.ndarray, int]:
+    """A stored reconstruction PNG's pixels (`reconstruction_image`: two rows of square images) cut to its first k
+    columns, and how many columns it holds: a batch of 256 drawn whole is too small to see in a figure."""
+    pitch = (strip.shape[0] - PAD) // 2  # one image and its padding
+    if pitch <= PAD:
+        return strip, 1
+    n = max(1, (strip.shape[1] - PAD) // pitch)
+    return (strip[:, : PAD + k * pitch] if n > k else strip), n
 
 
 def save_reconstruction(truth: Tensor, rec: Tensor, path: str | Path) -> None:

@@ -138,7 +138,11 @@ def judge(claim: dict[str, Any], agg: pd.DataFrame) -> dict[str, Any]:
         names = ", ".join(sorted(set(na["attack"])))
         out["not_applicable"] = f"; not applicable at this setting (the protocol or model forbids what they need): {names}"
     twins = {i: undefended_twin(r, agg) for i, r in here.iterrows()}
-    fit = here[[twins[i] is not None and twins[i]["verdict"] == "recovered" for i in here.index]]
+    # A claim that data leaks is also decided by an attack that recovers the victim at the claim's own setting: that
+    # recovery is the claim's evidence whatever the attack does elsewhere (FedLeak through FedAvg, say, where its
+    # FedSGD twin is only partial).
+    fit = here[[(twins[i] is not None and twins[i]["verdict"] == "recovered")
+                or (claim["expect"] == "leaks" and here.at[i, "verdict"] == "recovered") for i in here.index]]  # fmt: skip
     out["twin"] = twins
     if not len(fit):
         best = _strongest(pd.DataFrame([t for t in twins.values() if t is not None])) if any(t is not None for t in twins.values()) else None
@@ -263,7 +267,8 @@ def best_image(r: Any, df: pd.DataFrame | None) -> str | None:
 RULES = ("One verdict per claim, judged only on the cells at the claim's own setting (its `setting`; cells of the same "
          "defense and attacks at other settings are listed, never deciding). An attack decides only where it recovers "
          "the undefended case of the same setting (same data set, model, batch size and attack parameters): an attack "
-         "that fails without a defense can neither credit nor blame one. holds: expects defended, no deciding "
+         "that fails without a defense can neither credit nor blame one; a claim that data leaks is also decided by an "
+         "attack that recovers the victim at the claim's own setting (that recovery needs no twin). holds: expects defended, no deciding "
          "attack's verdict is partial or recovered and none of n >= 5 deciding trials is recovered, or expects leaks "
          "and one leaks (\"most inputs\": more than half of the samples recovered exactly); falls: expects defended "
          "and a deciding attack still leaks, or k of n deciding trials are recovered; not reproduced: expects leaks and no deciding attack leaks; inconclusive: no "

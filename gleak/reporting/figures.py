@@ -248,6 +248,9 @@ def _table_grid(rows: list[str], cols: list[str], images: dict, cell_w: float, i
     return fig
 
 
+MAX_SHOWN = 16  # images of a batch a reconstruction grid shows (the first ones, in the stored PNG's order)
+
+
 @plain_text
 def reconstruction_grid(cells, image_dir: Path, path: Path, title: str, from_store=None) -> Path | None:
     """The trials' stored PNGs (truth above the reconstruction) with their PSNR, per defense configuration (rows) and
@@ -258,10 +261,18 @@ def reconstruction_grid(cells, image_dir: Path, path: Path, title: str, from_sto
     images = _stored_images(cells, image_dir, from_store)
     if not images:
         return None
+    from gleak.orchestration.images import first_images
+
+    counts = {}
+    for key, (pixels, psnr) in images.items():
+        shown, counts[key] = first_images(pixels, MAX_SHOWN)
+        images[key] = (shown, psnr)
     h, w = next(iter(images.values()))[0].shape[:2]
     cell_w = max(1.5, min(3.0, 1.1 * w / 100))  # the stored PNGs are drawn at about 100 px per inch
     img_h = cell_w * h / w
     head = "each panel: true batch above, reconstruction below (grey: none returned for that image)"
+    if max(counts.values()) > MAX_SHOWN:
+        head += f"; the first {MAX_SHOWN} of {max(counts.values())} shown"
     if len(cols) == 1:
         head = f"attack: {cols[0]}; {head}"
 
