@@ -11,7 +11,6 @@ metrics (PSNR, SSIM, ...) from the image trials' own columns.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pandas as pd
@@ -39,12 +38,10 @@ def expects_text(claim: dict[str, Any]) -> str:
 
 
 def _image_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The ok trials of image cases (every trial that is not a text trial), seq_len empty."""
-    extras = [json.loads(js) if isinstance(js, str) and js else {} for js in df.get("extra", [None] * len(df))]
-    keep = pd.Series([e.get("modality") != "text" for e in extras], index=df.index, dtype=bool)
-    if len(df):
-        keep &= df["status"] == "ok"
-    out = df[keep].copy()
+    """The ok trials that are not text trials (text_rows decides which are), seq_len empty."""
+    if not len(df):
+        return df.assign(seq_len=0)
+    out = df[(df["status"] == "ok") & ~df.index.isin(text_rows(df).index)].copy()
     out["seq_len"] = 0
     return out
 
