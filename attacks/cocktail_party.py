@@ -23,6 +23,21 @@ unmixing applied to it gives each source's scale and sign exactly (the closed fo
 sources come back in the model's input units. `scale = "minmax"` is the paper's stretch to [0, 1] without the
 oracle's sign (the sign ICA returned), mapped to input units with the data statistics it then needs.
 
+`method = "fastica"` (ours, not the paper's) separates the same rows by FastICA (Hyvärinen, IEEE TNN 1999, "Fast and
+robust fixed-point algorithms for independent component analysis": the parallel fixed-point iteration with symmetric
+decorrelation, as scikit-learn's `FastICA(algorithm="parallel", whiten=False)`, here in torch) and, by default
+(`differences = True`), on the rows' finite differences across and down each image rather than on their pixels. A
+linear filter applied to every row keeps the mixing (the differences of G^T X are G^T times the differences of X),
+and the differences of photographs are sparse and far less correlated than the photographs (on skimage batches of 64
+the largest correlation of an image with another is 0.67 in pixels, 0.07-0.12 in differences): the filtering trick
+of sub-band decomposition ICA (Cichocki and Amari, "Adaptive Blind Signal and Image Processing", 2002). The unmixing
+found there is applied to the rows themselves and the scale read from the bias, as above. `refine` one-unit
+fixed-point steps per row without decorrelation follow (uncorrelated sources are only nearly so). On the untrained
+MLP (256 units), batch 64, 5 seeds (results/realistic-fl): the photographs at 64x64 23.1 dB median against a blind
+guess of 11.8 (5/5 recovered), at 32x32 21.1 dB (2/5), Fashion-MNIST 22.4 dB against 10.9 (5/5); the same FastICA
+on the pixels 12.9-13.1 dB, the authors' loss 13.4-14.3 dB (crops of 10 photographs are not independent sources).
+A refined row that lands within |cos| 0.5 of another keeps FastICA's.
+
 Needs the architecture (to find the first linear layer, which must read the raw input) and the number of samples
 behind the update ("batch_size": the number of sources; through a secure sum, every client's samples). It returns
 at most that many images; the scorer matches them one to one with the samples.
@@ -43,7 +58,11 @@ from gleak.contracts.wire import Observation, Reconstruction, normalize
 from gleak.mechanics.progress import report as report_progress
 
 Scale = Literal["bias", "minmax"]
+Method = Literal["authors", "fastica"]
+Contrast = Literal["logcosh", "exp"]
 EPS = 1e-20  # the authors' guard in the row normalisation
+AUTHORS_OPTIONS = ("iterations", "lr", "tv", "decor", "temperature", "negentropy")  # what only method "authors" reads
+FASTICA_OPTIONS = ("fun", "differences", "ica_iterations", "refine")  # what only method "fastica" reads
 
 
 @register_attack("cocktail-party")
@@ -60,6 +79,12 @@ class CocktailParty(Attack):
     negentropy: weight of the paper's log-cosh negentropy term (0: the authors' code, which zeroes it).
     scale: "bias" (ours: scale and sign read from the bias gradient) or "minmax" (the paper's per-image stretch to
         [0, 1], the sign as ICA returned it; needs the data statistics).
+    method: "authors" (the authors' loss by Adam, the parameters above) or "fastica" (ours: FastICA, the parameters
+        below; iterations, lr, tv, decor, temperature and negentropy unused).
+    fun: FastICA's contrast, "exp" (G(u) = -exp(-u^2/2)) or "logcosh".
+    differences: FastICA on the rows' finite differences across and down (True) or on their pixels (False).
+    ica_iterations: the most FastICA fixed-point iterations (it stops when no row turns by more than 1e-4).
+    refine: one-unit fixed-point steps per row after FastICA, without decorrelation.
     """
 
     needs = frozenset({"architecture", "batch_size"})
@@ -67,7 +92,8 @@ class CocktailParty(Attack):
 
     def __init__(
         self, iterations: int = 25_000, lr: float = 1e-3, tv: float = 3.1, decor: float = 1.47, temperature: float = 12.4,
-        negentropy: float = 0.0, scale: Scale = "bias",
+        negentropy: float = 0.0, scale: Scale = "bias", method: Method = "authors", fun: Contrast = "exp",
+        differences: bool = True, ica_iterations: int = 1000, refine: int = 5,
     ):  # fmt: skip
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
@@ -77,6 +103,15 @@ class CocktailParty(Attack):
             if not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         check_choice("scale", scale, ("bias", "minmax"))
+        check_choice("method", method, ("authors", "fastica"))
+        check_choice("fun", fun, ("logcosh", "exp"))
+        check_choice("differences", differences, (True, False))
+        if ica_iterations < 1:
+            raise ValueError(f"ica_iterations must be >= 1, got {ica_iterations}")
+        if refine < 0:
+            raise ValueError(f"refine must be >= 0, got {refine}")
+        self.method, self.fun, self.differences = method, fun, differences
+        self.ica_iterations, self.refine = ica_iterations, refine
         self.iterations, self.lr, self.tv, self.decor = iterations, lr, tv, decor
         self.temperature, self.negentropy, self.scale = temperature, negentropy, scale
         if scale == "minmax":
@@ -87,7 +122,17 @@ class CocktailParty(Attack):
         # One n x n by n x pixels product and its TV per step: about a forward-backward pass of the model on 16
         # samples (measured on the MLP), growing with the samples unmixed.
         n = int(getattr(case, "batch_size", 1) or 1) * int(getattr(case, "clients", 1) or 1)
+        if params.get("method", "authors") == "fastica":  # two products per iteration, on twice the pixels
+            return 1.0 + (int(params.get("ica_iterations", 1000)) + int(params.get("refine", 5))) * 4 * (1.0 + n / 16)
         return 1.0 + int(params.get("iterations", 25_000)) * (1.0 + n / 16)
+
+    @classmethod
+    def identity_params(cls, params: dict) -> dict:
+        """The stored parameters (so the trial ids): only the chosen method's. The FastICA options came after the
+        attack's first release; leaving them out of the authors' method keeps its earlier trial ids."""
+        if params.get("method", "authors") == "authors":
+            return {k: v for k, v in params.items() if k not in FASTICA_OPTIONS and k != "method"}
+        return {k: v for k, v in params.items() if k not in AUTHORS_OPTIONS}
 
     def reconstruct(self, observation: Observation, rng: torch.Generator) -> Reconstruction:
         k = observation.knowledge
@@ -97,14 +142,18 @@ class CocktailParty(Attack):
         n = int(observation.update.num_samples)
         if n > dw.shape[0]:
             raise UnsupportedCase(f"cocktail-party needs at least as many units as samples ({dw.shape[0]} for {n})")
-        whiten, white, mean_part = _whiten(dw, n)
-        if whiten is None:
-            raise UnsupportedCase("cocktail-party: the first layer's gradient is zero")
-        unmix = self._unmix(white, mean_part, k.input_shape)
+        if self.method == "fastica":
+            rows, extra = self._fastica(dw, n, tuple(k.input_shape), rng)
+        else:
+            whiten, white, mean_part = _whiten(dw, n)
+            if whiten is None:
+                raise UnsupportedCase("cocktail-party: the first layer's gradient is zero")
+            unmix = self._unmix(white, mean_part, k.input_shape)
+            rows = unmix @ whiten
+            extra = {"iterations": self.iterations, "max_abs_cos": _max_cos(unmix)}
         with torch.no_grad():
-            sources = unmix @ (whiten @ dw)  # (n, pixels): each row a source, up to scale and sign
-            scales = unmix @ (whiten @ db)  # the same mixing applied to G^T 1
-        extra = {"iterations": self.iterations, "max_abs_cos": _max_cos(unmix)}
+            sources = rows @ dw  # (n, pixels): each row a source, up to scale and sign
+            scales = rows @ db  # the same mixing applied to G^T 1
         if self.scale == "bias":
             small = scales.abs() <= 1e-12 * scales.abs().max().clamp_min(1e-300)
             x = sources / torch.where(small, torch.ones_like(scales), scales).unsqueeze(1)
@@ -142,6 +191,62 @@ class CocktailParty(Attack):
             report_progress(it + 1, self.iterations, loss)
         with torch.no_grad():
             return (w / (w.norm(dim=1, keepdim=True) + EPS)).to(torch.float64)
+
+    def _fastica(self, dw: Tensor, n: int, shape: tuple[int, ...], rng: torch.Generator) -> tuple[Tensor, dict]:
+        """The unmixing (n, units) that FastICA finds on the rows (or their finite differences), and its extra."""
+        data = dw
+        if self.differences:
+            if len(shape) != 3:
+                raise UnsupportedCase(f"cocktail-party: differences need image-shaped inputs, got {shape}")
+            img = dw.reshape(dw.shape[0], *shape)
+            data = torch.cat([(img[..., :, 1:] - img[..., :, :-1]).flatten(1), (img[..., 1:, :] - img[..., :-1, :]).flatten(1)], 1)
+        whiten, white, _ = _whiten(data, n)
+        if whiten is None:
+            raise UnsupportedCase("cocktail-party: the first layer's gradient is zero")
+        w, steps = fastica(white, self.fun, self.ica_iterations, torch.randn(n, n, generator=rng, dtype=white.dtype))
+        found = w
+        for _ in range(self.refine):  # each row on its own towards its nearest source: the sources need not be uncorrelated
+            w = _fixed_point(w, white, self.fun)
+            w = w / w.norm(dim=1, keepdim=True).clamp_min(1e-300)
+        # A row that drifted onto another's source (|cos| > 0.5 with another row) keeps what FastICA found.
+        cos = (w @ w.T).abs().fill_diagonal_(0)
+        collided = cos.amax(1) > 0.5 if n > 1 else torch.zeros(n, dtype=torch.bool)
+        w = torch.where(collided.unsqueeze(1), found, w)
+        extra = {"ica_iterations": steps, "converged": steps < self.ica_iterations, "max_abs_cos": _max_cos(w),
+                 "refine_reverted": int(collided.sum())}
+        return w @ whiten, extra
+
+
+def fastica(white: Tensor, fun: str, iterations: int, init: Tensor, tol: float = 1e-4) -> tuple[Tensor, int]:
+    """Parallel FastICA (Hyvärinen 1999; scikit-learn's `_ica_par`) on whitened rows `white` (n, samples) from `init`
+    (n, n): (the orthonormal unmixing rows, the iterations run)."""
+    w = _sym_decorrelation(init)
+    for it in range(1, iterations + 1):
+        w1 = _sym_decorrelation(_fixed_point(w, white, fun))
+        turned = float(((w1 * w).sum(1).abs() - 1).abs().max())
+        w = w1
+        if turned < tol:
+            return w, it
+        report_progress(it, iterations, torch.tensor(turned))
+    return w, iterations
+
+
+def _fixed_point(w: Tensor, white: Tensor, fun: str) -> Tensor:
+    """One fixed-point step E[x g(w x)] - E[g'(w x)] w of every row of `w` (Hyvärinen 1999, eq. 20)."""
+    y = w @ white
+    if fun == "exp":
+        e = torch.exp(-0.5 * y * y)
+        g, dg = y * e, (1 - y * y) * e
+    else:
+        g = torch.tanh(y)
+        dg = 1 - g * g
+    return g @ white.T / white.shape[1] - dg.mean(1, keepdim=True) * w
+
+
+def _sym_decorrelation(w: Tensor) -> Tensor:
+    """(W W^T)^(-1/2) W: the orthonormal rows nearest to `w`'s."""
+    s, u = torch.linalg.eigh(w @ w.T)
+    return (u / s.clamp_min(1e-300).sqrt()) @ u.T @ w
 
 
 def _whiten(dw: Tensor, n: int) -> tuple[Tensor | None, Tensor, Tensor]:

@@ -17,9 +17,11 @@ from gleak.contracts.vocabulary import FORTUNE_TOPICS, FORTUNES_DIR  # noqa: E40
 needs_fortunes = pytest.mark.skipif(not all((FORTUNES_DIR / t).is_file() for t in FORTUNE_TOPICS),
                                     reason="Debian's fortunes is not installed (apt-get install -y fortunes)")  # fmt: skip
 
-# A small budget: 200 steps, 3 discrete steps (after the 10% burn-in, every 60), a prior trained 300 steps.
+# A small budget: 200 steps, 3 discrete steps (after the 10% burn-in, every 60), a prior trained 100 steps (its
+# training is most of a cold test's time; with 100 or 300 steps seeds 0-2 give the same mean ROUGE-1 gain over the
+# blind guess, 0.60 cos and 0.65 l2-l1).
 # gleak's re-tuning for its small classifier (attacks/lamp.py) at a small budget: the machinery, not the defaults
-SMALL = {"steps": 200, "init_candidates": 20, "swap_candidates": 40, "swap_every": 60, "prior_steps": 300,
+SMALL = {"steps": 200, "init_candidates": 20, "swap_candidates": 40, "swap_every": 60, "prior_steps": 100,
          "lr": 0.05, "coeff_perplexity": 0.01, "vocabulary": "token-set"}
 TRAINED = {"model_state": "trained", "train_steps": 500, "train_lr": 0.05}  # the text suite's classifier
 

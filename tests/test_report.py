@@ -220,3 +220,19 @@ def test_the_first_screen_is_the_ranking_and_the_method_notes_come_last(out):
     assert method > md.index("## Results by case") and md.index("## Notes") > method
     notes = md[method: md.index("## Notes")].splitlines()
     assert max(len(line) for line in notes) < 600  # short notes, not one paragraph
+
+
+def test_a_parameter_left_out_of_a_stored_configuration_compares_as_its_default():
+    """The reports name an attack's parameters that differ between its configurations; one a configuration leaves
+    out (cocktail-party's authors-loss options under method "fastica") is its default there, not a difference."""
+    import json
+
+    import pandas as pd
+
+    from gleak.contracts.registry import check_params
+    from gleak.reporting.aggregate import varying_keys
+
+    configs = [{}, {"iterations": 5000}, {"method": "fastica"}]
+    df = pd.DataFrame({"attack": "cocktail-party",
+                       "attack_params": [json.dumps(check_params("attack", "cocktail-party", c)) for c in configs]})  # fmt: skip
+    assert varying_keys(df, "attack") == {"cocktail-party": {"iterations", "method"}}

@@ -35,9 +35,23 @@ def varying_keys(df: pd.DataFrame, kind: str, set_params: dict[str, dict[str, li
     for name, g in df.groupby(kind):
         dicts = [json.loads(s) for s in g[f"{kind}_params"].dropna().unique()]
         keys = set().union(*dicts) if dicts else set()
-        out[name] = {k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in dicts}) > 1}
+        # A key a configuration leaves out of its stored parameters (one its method does not read, or one added
+        # later at its default) compares as its default, so that it is not named beside every variant.
+        base = _plugin_defaults(kind, str(name).rpartition("+")[2])
+        filled = [{**{k: v for k, v in base.items() if k in keys}, **d} for d in dicts]
+        out[name] = {k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in filled}) > 1}
         out[name] |= {k for k in written.get(str(name).rpartition("+")[2], ()) if k in keys}  # 'cgd+none': none's
     return out
+
+
+def _plugin_defaults(kind: str, name: str) -> dict[str, Any]:
+    """The registered plugin's parameter defaults (JSON values); {} for one not loadable now."""
+    from gleak.contracts.registry import plugin_info
+
+    try:
+        return json.loads(json.dumps(plugin_info(kind, name).defaults(), default=str))
+    except Exception:  # noqa: BLE001 - a plugin of a file not loaded now: its stored parameters alone
+        return {}
 
 
 def protocol_pairs(df: pd.DataFrame) -> pd.DataFrame:
