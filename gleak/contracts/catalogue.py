@@ -10,6 +10,7 @@ tests/test_catalogue.py checks that this reading equals the registry's for every
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 from importlib import metadata
 from pathlib import Path
@@ -32,10 +33,28 @@ def _literal(node: ast.AST | None):
         raise _NotPlain from None
 
 
+def parsed(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once per version of the file (callers only read it): `gleak list` and
+    `gleak show` read the same dozens of files for every plugin they describe."""
+    st = path.stat()
+    return _parse(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(path: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(Path(path).read_text(), path)
+
+
 def _registrations(path: Path) -> list[tuple[str, str, str]]:
     """(kind, name, summary) of every decorated class or function of one module."""
+    st = path.stat()
+    return list(_registrations_of(str(path), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _registrations_of(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, str, str], ...]:
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_parse(path, mtime_ns, size)):
         if not isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             continue
         for deco in node.decorator_list:
@@ -55,7 +74,7 @@ def _registrations(path: Path) -> list[tuple[str, str, str]]:
             out.append((kind, name, summary))
             if kind == "protocol" and _literal(kw.get("as_defense")):
                 out.append(("defense", name, summary))
-    return out
+    return tuple(out)
 
 
 def _builtin_files() -> list[Path]:

@@ -18,7 +18,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from gleak.contracts.catalogue import _DECORATORS, _builtin_files, _literal, _NotPlain, builtin_summaries, module_file
+from gleak.contracts.catalogue import _DECORATORS, _builtin_files, _literal, _NotPlain, builtin_summaries, module_file, parsed
 
 # The plugin kinds' base classes, by the name a built-in subclasses them with, and the module that defines them.
 _BASES = {"Attack": "gleak.contracts.plugin", "Defense": "gleak.contracts.plugin", "Protocol": "gleak.mechanics.protocol"}
@@ -42,7 +42,7 @@ def _module_name(path: Path) -> str:
 def _find(kind: str, name: str) -> tuple[Path, ast.AST, str]:
     """(file, node, summary) of the module-level class or function registered as `name` under `kind`."""
     for path in _builtin_files():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed(path)
         for node in tree.body:
             if not isinstance(node, (ast.ClassDef, ast.FunctionDef)):
                 continue
@@ -207,8 +207,8 @@ def _base(cls: ast.ClassDef) -> tuple[str, dict[str, ast.AST]]:
     if len(bases) != 1 or cls.keywords or bases[0] not in _BASES:
         raise _NotPlain
     base = bases[0]
-    tree = ast.parse(module_file(_BASES[base]).read_text())
-    plugin = ast.parse(module_file("gleak.contracts.plugin").read_text())
+    tree = parsed(module_file(_BASES[base]))
+    plugin = parsed(module_file("gleak.contracts.plugin"))
     classes = {n.name: n for t in (tree, plugin) for n in t.body if isinstance(n, ast.ClassDef)}
     attrs: dict[str, ast.AST] = {}
     for name in ("Plugin", base):
@@ -237,7 +237,7 @@ def _show(kind: str, name: str, reserved: tuple[str, ...], type_name: Any) -> st
     init = next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None) if is_class else node
     base, base_attrs = _base(node) if is_class else ("", {})
     attrs = {**base_attrs, **(_class_attrs(node) if is_class else {})}
-    params = _params(init, is_class, _aliases(ast.parse(path.read_text(), str(path))))
+    params = _params(init, is_class, _aliases(parsed(path)))
     lines = [f"{kind} {name}  [builtin: {_module_name(path)}.{node.name}]", f"  {summary}", "", "parameters:"]
     shown = [p for p in params if p[0] not in reserved]
     width = max((len(p[0]) for p in shown), default=0)
