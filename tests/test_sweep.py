@@ -11,7 +11,7 @@ SEED002 = {("none", ""): "recovered", ("quantization", "fp16"): "recovered", ("q
            **{("topk", r): "recovered" for r in ("0.01", "0.1", "0.2", "0.3", "0.5", "0.7")}, ("topk", "0.99"): "defended"}  # fmt: skip
 
 
-LABEL_SEEDS = 100  # of the suite's 5000: the code test's rate; the published 5000 are checked in the data test below
+LABEL_SEEDS = 50  # of the suite's 5000: the code test's rate; the published 5000 are checked in the data test below
 IMAGE_SEEDS = 5  # of the suite's 20 per image configuration: the verdicts are medians, stable at 5 (the published 20
 # are checked in the data test below)
 
