@@ -72,3 +72,14 @@ def test_gleak_show_of_a_built_in_imports_no_torch():
     lines = out.stdout.splitlines()
     assert lines[-1] == "False" and lines[0].startswith("attack dlg  [builtin: gleak.attacks.dlg.DLG]")
     assert "needs: architecture, batch_size, parameters" in lines
+
+
+def test_a_plugin_file_edited_since_it_was_read_is_read_again(tmp_path):
+    """The parsed sources are cached per version of the file: an edit (another size or time) is seen."""
+    from gleak.contracts.catalogue import _registrations
+
+    f = tmp_path / "mine.py"
+    f.write_text('@register_attack("one")\nclass One:\n    """First."""\n')
+    assert _registrations(f) == [("attack", "one", "First.")]
+    f.write_text('@register_attack("two")\nclass Two:\n    """Second, longer."""\n')
+    assert _registrations(f) == [("attack", "two", "Second, longer.")]
